@@ -1,0 +1,86 @@
+"""Helpers shared by the test modules: run an algorithm file by subprocess and
+read what it left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGOS = ROOT / "algos"
+
+
+def run_script(
+    script: str | Path,
+    *args: str,
+    cwd: str | Path | None = None,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run `python <script> <args>` and return the finished process (text output).
+
+    `script` is a file name in `algos/` or a path. Threads are capped at one
+    so that parallel test workers do not fight over the two cores.
+    """
+    path = Path(script)
+    if not path.is_absolute() and not path.exists():
+        path = ALGOS / path
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        cwd=str(cwd) if cwd else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> None:
+    """Fail with the process's output tail when it did not exit 0."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-3000:]}"
+
+
+def check_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """The run stopped with a non-zero status and its last stderr line names every fragment."""
+    assert proc.returncode != 0, f"expected failure, got exit 0\n{proc.stdout[-2000:]}"
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert lines, "no message on stderr"
+    last = lines[-1]
+    for fragment in fragments:
+        assert fragment.lower() in last.lower(), f"{fragment!r} not in last stderr line: {last!r}"
+    assert "Traceback" not in proc.stderr, f"traceback instead of a one-line message:\n{proc.stderr[-2000:]}"
+
+
+def scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
+    """All (step, value) pairs logged under `tag` in a run's TensorBoard events, in order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    if tag not in acc.Tags()["scalars"]:
+        return []
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def summary(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def copy_alone(script: str, dest: Path) -> Path:
+    """Copy one algorithm file into an empty folder, as a user would."""
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / script
+    shutil.copy(ALGOS / script, target)
+    return target
+
+
+@pytest.fixture
+def tmp_run(tmp_path: Path) -> Path:
+    return tmp_path / "run"
