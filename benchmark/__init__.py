@@ -1,0 +1,1 @@
+"""Benchmark zoo runner: `python -m benchmark --help`."""

@@ -1,0 +1,179 @@
+"""`python -m benchmark {smoke,full,report,readme}`: run the zoo and report on it."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import tyro
+
+from .backends import run_local, run_ray
+from .manifest import Mode, Preset, ZooError, load_zoo
+from .progress import Progress
+from .report import build_results, update_readme, write_sweep_report
+from .runner import finished_ok, load_records, open_sweep, plan_jobs, write_json
+
+
+@dataclass
+class Common:
+    zoo: Path = Path("zoo")
+    """The manifest: a .toml file or a folder of them."""
+    algos_dir: Path = Path("algos")
+    """Where the algorithm files named by the presets live."""
+    runs_dir: Path = Path("runs/benchmark")
+    """Raw run folders go to <runs-dir>/<sweep>/<preset>/seed<k>/."""
+
+
+@dataclass
+class Sweep(Common):
+    name: str | None = None
+    """The sweep's name (default: <subcommand>-<date>-<time>); the same name resumes a sweep,
+    skipping the runs that finished."""
+    preset: tuple[str, ...] = ()
+    """Only these presets (names or shell patterns such as 'naf-*')."""
+    algo: tuple[str, ...] = ()
+    """Only these algorithm files (stems or patterns)."""
+    env: tuple[str, ...] = ()
+    """Only these environment ids (or patterns)."""
+    workers: int = 2
+    """Runs at once (local backend), or CPUs of the local Ray instance (ray backend)."""
+    backend: Literal["local", "ray"] = "local"
+    """Local processes, or one Ray task per run."""
+    ray_address: str | None = None
+    """Ray cluster to join (e.g. 'auto' or 'ray://host:10001'); default: start a local one."""
+    timeout_scale: float = 1.0
+    """Multiply every preset's time limit (a slow or busy machine)."""
+    progress_interval_s: float = 30.0
+    """Seconds between progress lines when the output is not a terminal."""
+
+
+@dataclass
+class Smoke(Sweep):
+    """Every preset at its smoke budget, one seed; checks each run's exit status and outputs.
+    The report goes to <runs-dir>/<sweep>/."""
+
+
+@dataclass
+class Full(Sweep):
+    """The full budgets and seeds; writes results/<sweep>/ and, at the full budget,
+    results/latest. Exits non-zero when a run fails or a preset misses its target."""
+
+    seeds: int | None = None
+    """Seeds 1..N instead of each preset's number (the target then does not apply)."""
+    steps_scale: float = 1.0
+    """Multiply each preset's total steps (a shorter sweep; targets do not apply)."""
+    total_steps: int | None = None
+    """Use this many total steps for every preset (targets do not apply)."""
+    results_dir: Path = Path("results")
+    """Committed results go to <results-dir>/<sweep>/."""
+
+
+@dataclass
+class Report(Common):
+    """Rebuild results/<sweep>/ (report, results.json, plots) from a full sweep's run records."""
+
+    name: str = ""
+    """The sweep."""
+    results_dir: Path = Path("results")
+
+
+@dataclass
+class Readme:
+    """Rewrite the block between the results markers in README.md from results/latest."""
+
+    readme: Path = Path("README.md")
+    results_dir: Path = Path("results")
+
+
+def _matches(value: str, patterns: tuple[str, ...]) -> bool:
+    return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
+
+
+def select(presets: dict[str, Preset], sweep: Sweep) -> list[Preset]:
+    chosen = [p for p in presets.values()
+              if _matches(p.name, sweep.preset) and _matches(p.algo, sweep.algo) and _matches(p.env_id, sweep.env)]
+    if not chosen:
+        raise ZooError("no preset matches --preset/--algo/--env; the zoo has: " + ", ".join(presets))
+    return chosen
+
+
+def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
+    presets = load_zoo(sweep.zoo, sweep.algos_dir)
+    chosen = select(presets, sweep)
+    name = sweep.name or f"{mode}-{datetime.now():%Y%m%d-%H%M}"
+    sweep_dir = sweep.runs_dir / name
+    full = sweep if isinstance(sweep, Full) else None
+    budget = {"steps_scale": full.steps_scale, "total_steps": full.total_steps} if full else {}
+    if sweep.workers < 1 or sweep.timeout_scale <= 0 or (full and (full.steps_scale <= 0 or (full.seeds or 1) < 1)):
+        raise ZooError("--workers, --seeds, --steps-scale and --timeout-scale must be positive")
+    open_sweep(sweep_dir, mode, budget, command)
+    jobs = plan_jobs(chosen, mode, sweep_dir, seeds=full.seeds if full else None,
+                     steps_scale=full.steps_scale if full else 1.0, total_steps=full.total_steps if full else None,
+                     timeout_scale=sweep.timeout_scale)
+    todo = [job for job in jobs if not finished_ok(job)]
+    print(f"sweep {name}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished; "
+          f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)", flush=True)
+    try:
+        with Progress(len(jobs), len(jobs) - len(todo), sweep.progress_interval_s) as progress:
+            if sweep.backend == "ray":
+                run_ray(todo, sweep.ray_address, sweep.workers, progress.started, progress.finished)
+            else:
+                run_local(todo, sweep.workers, progress.started, progress.finished)
+    except KeyboardInterrupt:
+        print(f"interrupted; re-run with --name {name} to resume", file=sys.stderr)
+        return 130
+    names = {p.name for p in chosen}
+    records = [r for r in load_records(sweep_dir) if r["preset"] in presets]
+    results = build_results(name, json.loads((sweep_dir / "sweep.json").read_text()), presets, records)
+    out_dir = full.results_dir / name if full else sweep_dir
+    write_sweep_report(out_dir, results, presets, records, with_plots=full is not None)
+    if full and budget == {"steps_scale": 1.0, "total_steps": None}:
+        write_json(full.results_dir / "latest", {"sweep": name})
+    print(f"report: {out_dir / 'report.md'}")
+    failed = [r for r in records if r["preset"] in names and r["status"] != "ok"]
+    missed = [n for n, p in results["presets"].items() if n in names and p["target"]["status"] == "missed"]
+    for n in missed:
+        print(f"target missed: {n}: {results['presets'][n]['target']['text']}")
+    return 1 if failed or missed else 0
+
+
+def rebuild_report(args: Report) -> int:
+    sweep_dir = args.runs_dir / args.name
+    if not args.name or not (sweep_dir / "sweep.json").exists():
+        raise ZooError(f"no sweep named {args.name!r} in {args.runs_dir}")
+    presets = load_zoo(args.zoo, args.algos_dir)
+    records = load_records(sweep_dir)
+    results = build_results(args.name, json.loads((sweep_dir / "sweep.json").read_text()), presets, records)
+    write_sweep_report(args.results_dir / args.name, results, presets, records, with_plots=True)
+    print(f"report: {args.results_dir / args.name / 'report.md'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = tyro.extras.subcommand_cli_from_dict(
+        {"smoke": Smoke, "full": Full, "report": Report, "readme": Readme},
+        prog="python -m benchmark", args=argv, description=__doc__)
+    line = "python -m benchmark " + shlex.join(sys.argv[1:] if argv is None else argv)
+    try:
+        if isinstance(command, Full):
+            return run_sweep(command, "full", line)
+        if isinstance(command, Smoke):
+            return run_sweep(command, "smoke", line)
+        if isinstance(command, Report):
+            return rebuild_report(command)
+        update_readme(command.readme, command.results_dir)
+        print(f"updated {command.readme}")
+        return 0
+    except ZooError as e:
+        print(f"benchmark: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The zoo manifest: presets read from TOML files and checked before anything runs.
+
+See `zoo/README.md` for the format. Every problem is a `ZooError` whose message
+names the preset, so the command line can print it as one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
+
+Mode = Literal["smoke", "full"]
+ArgValue = bool | int | float | str | list
+DEFAULT_TAGS: dict[str, tuple[str, ...]] = {
+    "smoke": ("charts/SPS", "eval/episodic_return"),
+    "full": ("charts/SPS", "eval/episodic_return", "charts/episodic_return"),
+}
+
+
+class ZooError(Exception):
+    """A manifest problem, worded as one line."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    total_steps: int
+    timeout_s: float
+    seeds: int = 1
+    args: dict[str, ArgValue] = field(default_factory=dict)
+    required_tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Target:
+    """Per seed `metric >= min` (or `> above`) in `at_least` of `of` seeds, and optionally
+    the mean over seeds `>= mean_min`."""
+
+    metric: str
+    threshold: float
+    strict: bool
+    at_least: int
+    of: int
+    text: str
+    mean_min: float | None = None
+
+    def passes(self, value: float) -> bool:
+        return value > self.threshold if self.strict else value >= self.threshold
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str
+    score: float | str
+    source: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    algo: str
+    script: Path
+    env_id: str
+    args: dict[str, ArgValue]
+    smoke: Budget
+    full: Budget
+    target: Target | None = None
+    references: tuple[Reference, ...] = ()
+    curve_threshold: float | None = None
+    curve_window: int = 10
+    num_cpus: float = 1
+    num_gpus: float = 0
+    provisional: bool = False
+    dataset: str | None = None
+
+    def budget(self, mode: Mode) -> Budget:
+        return self.smoke if mode == "smoke" else self.full
+
+
+PRESET_KEYS = {
+    "algo", "env_id", "args", "smoke", "full", "target", "references", "curve_threshold",
+    "curve_window", "num_cpus", "num_gpus", "provisional", "dataset",
+}
+BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags"}
+TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "text"}
+REFERENCE_KEYS = {"name", "score", "source", "note"}
+RESERVED_FLAGS = {"total-steps", "seed", "run-dir", "env-id"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _Table:
+    """A TOML table read key by key; every error names where it is."""
+
+    def __init__(self, data: Any, where: str, allowed: set[str]):
+        if not isinstance(data, dict):
+            raise ZooError(f"{where}: expected a table, got {type(data).__name__}")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ZooError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        self.data, self.where = data, where
+
+    def get(self, key: str, kind: str, default: Any = ..., *, positive: bool = False) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise ZooError(f"{self.where}: missing '{key}'")
+            return default
+        value = self.data[key]
+        ok = {
+            "str": isinstance(value, str) and value != "",
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "number": _is_number(value),
+            "bool": isinstance(value, bool),
+            "table": isinstance(value, dict),
+            "list": isinstance(value, list),
+            "score": isinstance(value, str) or _is_number(value),
+        }[kind]
+        if ok and positive and not value > 0:
+            ok, kind = False, f"positive {kind}"
+        if not ok:
+            raise ZooError(f"{self.where}: '{key}' must be a {kind}, got {value!r}")
+        return value
+
+
+def _args(table: _Table) -> dict[str, ArgValue]:
+    args = table.get("args", "table", {})
+    for flag, value in args.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", flag):
+            raise ZooError(f"{table.where}: argument '{flag}' must be a flag name without leading dashes")
+        if isinstance(value, dict):
+            raise ZooError(f"{table.where}: argument '{flag}' cannot be a table")
+        if flag in RESERVED_FLAGS:
+            raise ZooError(f"{table.where}: '{flag}' is set by the runner; use total_steps / seeds instead")
+    return dict(args)
+
+
+def _budget(data: Any, where: str, mode: Mode) -> Budget:
+    table = _Table(data, where, BUDGET_KEYS if mode == "full" else BUDGET_KEYS - {"seeds"})
+    tags = table.get("required_tags", "list", list(DEFAULT_TAGS[mode]))
+    if not all(isinstance(tag, str) for tag in tags):
+        raise ZooError(f"{where}: 'required_tags' must be a list of strings")
+    args = _args(table)
+    return Budget(
+        total_steps=table.get("total_steps", "int", positive=True),
+        timeout_s=table.get("timeout_s", "number", positive=True),
+        seeds=table.get("seeds", "int", 1, positive=True),
+        args=args,
+        required_tags=tuple(tags),
+    )
+
+
+def _target(data: Any, where: str, seeds: int) -> Target:
+    table = _Table(data, where, TARGET_KEYS)
+    if ("min" in data) == ("above" in data):
+        raise ZooError(f"{where}: give exactly one of 'min' (metric >= min) or 'above' (metric > above)")
+    strict = "above" in data
+    target = Target(
+        metric=table.get("metric", "str"),
+        threshold=table.get("above" if strict else "min", "number"),
+        strict=strict,
+        at_least=table.get("at_least", "int", positive=True),
+        of=table.get("of", "int", positive=True),
+        mean_min=table.get("mean_min", "number", None),
+        text=table.get("text", "str"),
+    )
+    if target.at_least > target.of:
+        raise ZooError(f"{where}: at_least ({target.at_least}) is more than of ({target.of})")
+    if target.of != seeds:
+        raise ZooError(f"{where}: of ({target.of}) must equal full.seeds ({seeds})")
+    return target
+
+
+def _preset(name: str, data: Any, where: str, algos_dir: Path) -> Preset:
+    table = _Table(data, where, PRESET_KEYS)
+    algo = table.get("algo", "str")
+    script = algos_dir / f"{algo}.py"
+    if not script.is_file():
+        raise ZooError(f"{where}: unknown algorithm file {script} (algo = {algo!r})")
+    for mode in ("smoke", "full"):
+        if mode not in data:
+            raise ZooError(f"{where}: missing budget [{name}.{mode}]")
+    full = _budget(data["full"], f"{where}: full", "full")
+    references = table.get("references", "list", [])
+    return Preset(
+        name=name,
+        algo=algo,
+        script=script,
+        env_id=table.get("env_id", "str"),
+        args=_args(table),
+        smoke=_budget(data["smoke"], f"{where}: smoke", "smoke"),
+        full=full,
+        target=_target(data["target"], f"{where}: target", full.seeds) if "target" in data else None,
+        references=tuple(_reference(ref, f"{where}: reference {i + 1}") for i, ref in enumerate(references)),
+        curve_threshold=table.get("curve_threshold", "number", None),
+        curve_window=table.get("curve_window", "int", 10, positive=True),
+        num_cpus=table.get("num_cpus", "number", 1, positive=True),
+        num_gpus=table.get("num_gpus", "number", 0),
+        provisional=table.get("provisional", "bool", False),
+        dataset=table.get("dataset", "str", None),
+    )
+
+
+def _reference(data: Any, where: str) -> Reference:
+    table = _Table(data, where, REFERENCE_KEYS)
+    return Reference(
+        name=table.get("name", "str"),
+        score=table.get("score", "score"),
+        source=table.get("source", "str"),
+        note=table.get("note", "str", ""),
+    )
+
+
+def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
+    """All presets of a manifest file, or of every `*.toml` file in a folder, by name."""
+    if tomllib is None:
+        raise ZooError("reading the zoo needs Python >= 3.11 or the 'tomli' package; pip install tomli")
+    files = sorted(path.glob("*.toml")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise ZooError(f"no manifest at {path} (a .toml file or a folder of them)")
+    presets: dict[str, Preset] = {}
+    for file in files:
+        try:
+            data = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ZooError(f"{file}: not valid TOML: {e}") from None
+        for name, entry in data.items():
+            where = f"zoo preset '{name}'"
+            if name in presets:
+                raise ZooError(f"{where}: duplicate preset name (in {file} and an earlier file)")
+            presets[name] = _preset(name, entry, where, algos_dir)
+    if not presets:
+        raise ZooError(f"no presets in {path}")
+    return presets
