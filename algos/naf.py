@@ -1,0 +1,567 @@
+"""NAF: continuous Q-learning with Normalized Advantage Functions.
+
+Paper: Shixiang Gu, Timothy Lillicrap, Ilya Sutskever, Sergey Levine, "Continuous Deep
+Q-Learning with Model-based Acceleration", ICML 2016, arXiv:1603.00748 (Section 4; the
+model-based acceleration of Section 5 is not part of this file).
+
+Idea: Q-learning needs max_u Q(x, u), which has no closed form for continuous actions u.
+NAF restricts the advantage to a concave quadratic in u, centred on a learned action mu(x).
+Then the greedy action is mu(x) and max_u Q(x, u) = V(x), both read off one network: the
+policy needs no separate actor, and the only loss is the TD error of Q.
+
+Equations (paper, Eq. 4 and Section 4):
+    Q(x, u) = V(x) + A(x, u)
+    A(x, u) = -1/2 (u - mu(x))^T P(x) (u - mu(x)),   P(x) = L(x) L(x)^T
+    L(x)    lower-triangular, its entries a linear output of the network, diagonal
+            exponentiated, so P is positive definite and A <= 0 with A = 0 only at u = mu
+    y       = r + gamma (1 - terminated) V'(x')        (V' from the target network)
+    loss    = mean_batch (y - Q(x, u))^2,   theta' <- tau theta + (1 - tau) theta'
+
+Implementation details:
+1. One MLP trunk (two ReLU layers of `hidden_dim`) with three linear heads: V (1 value),
+   mu (|A| values through tanh, so mu lies in [-1, 1]^|A|) and the |A|(|A|+1)/2 entries of L.
+2. The network acts in [-1, 1]^|A|; `scale_action` is the one place that maps to the
+   environment's bounds. Exploration noise is added in [-1, 1] space and clipped there.
+3. Exploration: Gaussian N(0, noise_scale^2) per step, or Ornstein-Uhlenbeck (the paper's
+   choice, theta = 0.15, sigma = noise_scale) whose state resets when that env's episode
+   ends. Uniform random actions for the first `learning_starts` steps.
+4. The target masks the bootstrap with `terminated` only: a time-limit truncation keeps
+   gamma V'(x') of the real final observation, which Gymnasium's NEXT_STEP autoreset
+   returns at the step the episode ends.
+5. NEXT_STEP autoreset, handled explicitly: the vector step after an episode end only
+   resets that env (its action is ignored, its reward is 0), so `step_and_store` never
+   stores that row. Such steps still count as environment steps.
+6. `updates_per_step` gradient steps per environment step (num_envs * updates_per_step per
+   vector step), each followed by the soft target update.
+7. Evaluation is deterministic (u = mu(x), no noise) on a separate env seeded
+   seed + 10_000 + i for episode i.
+8. Checkpoints (plain dict, `torch.load(weights_only=True)`): networks, optimizer, the
+   filled part of the replay buffer, counters, RNG states (python, numpy, torch, the
+   sampling/noise generator) and the OU state. Resume resets the envs (seeded with
+   seed + global_step), so the episode in progress at save time is dropped. SIGINT/SIGTERM
+   save a checkpoint and exit 0 without summary.json (summary.json means "finished").
+
+Deviations from the paper and public ports, for Pendulum-v1 in 20k steps:
+a. tau = 0.005 (paper/ports 1e-3): with 1e-3 the target trails the network by ~1000
+   updates, too slow to propagate Pendulum's values in a 20k-step budget.
+b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
+   plain ReLU layers are deterministic per sample and were stable in our runs.
+c. Gaussian noise 0.2 by default (paper: OU); `--noise ou` restores the paper's process.
+d. Gradient-norm clipping at 10 (not in the paper) keeps early large TD errors (Pendulum
+   returns reach -1600) from blowing up the exponentiated diagonal of L.
+
+Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import resource
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+SCRIPT = "naf.py"
+OU_THETA = 0.15  # Ornstein-Uhlenbeck mean reversion (paper / DDPG, Lillicrap et al. 2015)
+MAX_GRAD_NORM = 10.0  # deviation d
+
+
+@dataclass
+class Args:
+    env_id: str = "Pendulum-v1"
+    """Gymnasium id of an environment with Box actions and flat Box observations"""
+    seed: int = 1
+    """seed of python, numpy, torch and the environments"""
+    total_steps: int = 20_000
+    """environment steps to train for (summed over envs)"""
+    num_envs: int = 1
+    """parallel environments in one synchronous vector env"""
+    torch_deterministic: bool = True
+    """torch.use_deterministic_algorithms, for identical runs on CPU"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto picks cuda when available"""
+    exp_name: str = "naf"
+    """experiment name, part of the default run directory"""
+    run_dir: str | None = None
+    """output directory (default runs/<env>__<exp>__<seed>__<unixtime>)"""
+    checkpoint_interval: int = 10_000
+    """save a checkpoint every this many env steps (0: only at the end)"""
+    resume: str | None = None
+    """checkpoint to continue from (its run directory is reused)"""
+    eval_episodes: int = 10
+    """deterministic evaluation episodes (periodic and final)"""
+    eval_interval: int = 5_000
+    """evaluate every this many env steps (0: only at the end)"""
+    eval_only: bool = False
+    """only evaluate --checkpoint (its env and network), write eval.json and exit"""
+    checkpoint: str | None = None
+    """checkpoint to evaluate with --eval-only"""
+    capture_video: bool = False
+    """record evaluation episodes as mp4 in <run_dir>/videos (with --eval-only)"""
+    track: bool = False
+    """log to Weights & Biases (mode from WANDB_MODE)"""
+    wandb_project_name: str = "rl-training"
+    """Weights & Biases project"""
+    # Algorithm-specific
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (transitions)"""
+    batch_size: int = 128
+    """minibatch size of each gradient step"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    tau: float = 0.005
+    """soft target update rate, theta' <- tau theta + (1 - tau) theta'"""
+    gamma: float = 0.99
+    """discount factor"""
+    hidden_dim: int = 256
+    """units in each of the two hidden layers"""
+    learning_starts: int = 1_000
+    """env steps of uniform random actions before learning starts"""
+    noise: Literal["gaussian", "ou"] = "gaussian"
+    """exploration noise process, added to mu(x) in [-1, 1] action space"""
+    noise_scale: float = 0.2
+    """standard deviation of the Gaussian noise / sigma of the OU process"""
+    updates_per_step: int = 1
+    """gradient steps per environment step"""
+
+
+def fail(message: str) -> SystemExit:
+    """A one-line error on stderr and exit status 1 (contract: bad input stops early)."""
+    return SystemExit(f"{SCRIPT}: error: {message}")
+
+
+def check_args(args: Args) -> None:
+    checks = [
+        (args.total_steps > 0, "--total-steps must be positive"),
+        (args.num_envs >= 1, "--num-envs must be at least 1"),
+        (args.batch_size >= 1, "--batch-size must be at least 1"),
+        (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
+        (args.learning_rate > 0, "--learning-rate must be positive"),
+        (0 < args.tau <= 1, "--tau must be in (0, 1]"),
+        (0 <= args.gamma <= 1, "--gamma must be in [0, 1]"),
+        (args.hidden_dim >= 1, "--hidden-dim must be at least 1"),
+        (args.learning_starts >= 0, "--learning-starts must be non-negative"),
+        (args.noise_scale >= 0, "--noise-scale must be non-negative"),
+        (args.updates_per_step >= 1, "--updates-per-step must be at least 1"),
+        (args.eval_episodes >= 1, "--eval-episodes must be at least 1"),
+        (args.eval_interval >= 0 and args.checkpoint_interval >= 0, "--eval-interval and --checkpoint-interval must be non-negative"),
+        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise fail(f"{message}; fix the value and rerun")
+
+
+# ---------------------------------------------------------------- environment
+def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
+    """gym.make with unknown ids and unsupported spaces turned into one-line errors."""
+    if env_id.startswith("ALE/"):
+        try:
+            import ale_py
+
+            gym.register_envs(ale_py)
+        except ImportError:
+            pass
+    try:
+        env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
+    except Exception as e:  # unknown id, missing entry-point module, missing dependency
+        raise fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]}); check the id with gymnasium.pprint_registry()")
+    obs_space, act_space = env.observation_space, env.action_space
+    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) > 1:
+        env.close()
+        raise fail(f"{env_id} has image observations {obs_space.shape}; use ppo_atari.py or dqn_atari.py")
+    if isinstance(act_space, gym.spaces.Discrete):
+        env.close()
+        raise fail(f"{env_id} has a discrete action space; NAF needs Box actions, use ppg.py")
+    if not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
+        env.close()
+        raise fail(f"{env_id} has {type(obs_space).__name__} observations and {type(act_space).__name__} actions; naf.py needs flat Box observations and Box actions")
+    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
+        env.close()
+        raise fail(f"{env_id} has unbounded actions; naf.py needs finite action bounds")
+    return env
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[gym.vector.VectorEnv, np.ndarray]:
+    make_env(env_id).close()  # validate once, in the main process, before building the copies
+    # NEXT_STEP autoreset on purpose (detail 5): step_and_store drops the reset step.
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
+    envs.action_space.seed(seed)
+    obs, _ = envs.reset(seed=seed)
+    return envs, obs
+
+
+def scale_action(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The one place that maps the network's u in [-1, 1] to the env's [low, high] (detail 2)."""
+    return low + 0.5 * (u + 1.0) * (high - low)
+
+
+# ---------------------------------------------------------------- network
+class NAFNetwork(nn.Module):
+    """Trunk with heads V(x), mu(x) and the entries of L(x) (detail 1)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int):
+        super().__init__()
+        self.act_dim = act_dim
+        self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, hidden_dim), nn.ReLU())
+        self.v_head = nn.Linear(hidden_dim, 1)
+        self.mu_head = nn.Linear(hidden_dim, act_dim)
+        self.l_head = nn.Linear(hidden_dim, act_dim * (act_dim + 1) // 2)
+        self.register_buffer("tril_rows", torch.tril_indices(act_dim, act_dim)[0], persistent=False)
+        self.register_buffer("tril_cols", torch.tril_indices(act_dim, act_dim)[1], persistent=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], and L(x) [B, |A|, |A|]."""
+        h = self.trunk(x)
+        L = h.new_zeros(x.shape[0], self.act_dim, self.act_dim)
+        L[:, self.tril_rows, self.tril_cols] = self.l_head(h)
+        # exp on the diagonal makes P = L L^T positive definite (paper, Section 4).
+        L = torch.tril(L, diagonal=-1) + torch.diag_embed(torch.diagonal(L, dim1=1, dim2=2).exp())
+        return self.v_head(h).squeeze(-1), torch.tanh(self.mu_head(h)), L
+
+
+# ---------------------------------------------------------------- NAF math
+def advantage(u: torch.Tensor, mu: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """A(x, u) = -1/2 (u - mu)^T P (u - mu) with P = L L^T."""
+    P = L @ L.transpose(1, 2)
+    d = (u - mu).unsqueeze(-1)
+    return -0.5 * (d.transpose(1, 2) @ P @ d).squeeze(-1).squeeze(-1)
+
+
+def q_value(V: torch.Tensor, mu: torch.Tensor, L: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Q(x, u) = V(x) + A(x, u)."""
+    return V + advantage(u, mu, L)
+
+
+def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, gamma: float) -> torch.Tensor:
+    """y = r + gamma (1 - terminated) V'(x'); truncation is not an input, so it bootstraps (detail 4)."""
+    return r + gamma * (1.0 - terminated) * V_next
+
+
+def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+    with torch.no_grad():
+        V_next, _, _ = target_net(batch["next_obs"])
+        y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
+    V, mu, L = net(batch["obs"])
+    return F.mse_loss(q_value(V, mu, L, batch["actions"]), y)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    for tp, sp in zip(target.parameters(), source.parameters()):
+        tp.lerp_(sp, tau)
+
+
+def exploration_noise(kind: str, state: np.ndarray, scale: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (noise, new OU state). OU: x <- x - theta x + sigma N(0, 1) (dt = 1)."""
+    eps = scale * rng.standard_normal(state.shape)
+    if kind == "gaussian":
+        return eps, state
+    state = state - OU_THETA * state + eps
+    return state, state
+
+
+class ReplayBuffer:
+    """Preallocated ring buffer of (x, u, r, x', terminated); u in [-1, 1]."""
+
+    FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int):
+        self.capacity, self.ptr, self.size = capacity, 0, 0
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.actions = np.zeros((capacity, act_dim), np.float32)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.terminated = np.zeros(capacity, np.float32)
+
+    def add(self, obs, actions, rewards, next_obs, terminated) -> None:
+        idx = (self.ptr + np.arange(len(rewards))) % self.capacity
+        for name, value in zip(self.FIELDS, (obs, actions, rewards, next_obs, terminated)):
+            getattr(self, name)[idx] = value
+        self.ptr = int((self.ptr + len(rewards)) % self.capacity)
+        self.size = min(self.size + len(rewards), self.capacity)
+
+    def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device) -> dict[str, torch.Tensor]:
+        idx = rng.integers(0, self.size, batch_size)
+        return {name: torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS}
+
+    def state_dict(self) -> dict:
+        # Copies of the filled part only: torch.save of a view would write the whole array.
+        data = {name: torch.from_numpy(getattr(self, name)[: self.size].copy()) for name in self.FIELDS}
+        return {"ptr": self.ptr, "size": self.size, **data}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ptr, self.size = int(state["ptr"]), int(state["size"])
+        for name in self.FIELDS:
+            getattr(self, name)[: self.size] = state[name].numpy()
+
+
+def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset, low, high):
+    """One vector step; store only real transitions (detail 5). Returns the step's outputs
+    and the mask of envs whose next step is an autoreset."""
+    next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(u, low, high))
+    real = ~autoreset
+    rb.add(obs[real], u[real], rewards[real], next_obs[real], terminated[real])
+    return next_obs, rewards, terminated, truncated, terminated | truncated
+
+
+# ---------------------------------------------------------------- checkpoints and evaluation
+def rng_states(rng: np.random.Generator) -> dict:
+    np_state = np.random.get_state()
+    return {
+        "python": list(random.getstate()[1]) + [random.getstate()[0]],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "generator": rng.bit_generator.state,
+    }
+
+
+def set_rng_states(states: dict, rng: np.random.Generator) -> None:
+    random.setstate((states["python"][-1], tuple(states["python"][:-1]), None))
+    np.random.set_state((states["numpy"][0], np.array(states["numpy"][1], np.uint32), *states["numpy"][2:]))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    rng.bit_generator.state = states["generator"]
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
+
+
+def load_checkpoint(path: str, device: torch.device) -> dict:
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
+    except Exception as e:
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a torch checkpoint")
+    if not isinstance(ckpt, dict) or ckpt.get("algo") != "naf":
+        algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
+        raise fail(f"checkpoint {path} belongs to algorithm {algo!r}, not naf; use the script that wrote it")
+    return ckpt
+
+
+def check_resumable(ckpt: dict, args: Args) -> None:
+    """Refuse a checkpoint whose env or shapes (network, OU state, buffer) differ from args."""
+    if ckpt["env_id"] != args.env_id:
+        raise fail(f"checkpoint {args.resume} is for {ckpt['env_id']}, not {args.env_id}; pass --env-id {ckpt['env_id']}")
+    for key in ("hidden_dim", "num_envs", "buffer_size"):
+        if ckpt["args"][key] != getattr(args, key):
+            flag = "--" + key.replace("_", "-")
+            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+
+
+@torch.no_grad()
+def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, video_dir: Path | None = None) -> list[float]:
+    """Deterministic returns, u = mu(x) (detail 7)."""
+    env = make_env(env_id, render_mode="rgb_array" if video_dir else None)
+    if video_dir:
+        env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
+    low, high = env.action_space.low, env.action_space.high
+    returns = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + 10_000 + i)
+        done, total = False, 0.0
+        while not done:
+            with torch.inference_mode():
+                _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            obs, r, terminated, truncated, _ = env.step(scale_action(mu[0].cpu().numpy(), low, high))
+            total += float(r)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise fail("--device cuda but no CUDA device is available; use --device auto or cpu")
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def eval_only(args: Args) -> None:
+    device = pick_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, device)
+    env_id, hidden_dim = ckpt["env_id"], ckpt["args"]["hidden_dim"]  # the checkpoint defines env and network
+    env = make_env(env_id)
+    net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], hidden_dim).to(device)
+    env.close()
+    net.load_state_dict(ckpt["net"])
+    run_dir = Path(args.run_dir) if args.run_dir else Path(args.checkpoint).resolve().parent.parent
+    run_dir.mkdir(parents=True, exist_ok=True)
+    video_dir = run_dir / "videos" if args.capture_video else None
+    returns = evaluate(net, env_id, args.eval_episodes, args.seed, device, video_dir)
+    result = {"script": SCRIPT, "algo": "naf", "env_id": env_id, "checkpoint": str(args.checkpoint),
+              "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)),
+              "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
+    write_json(run_dir / "eval.json", result)
+    print(f"eval over {len(returns)} episodes: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
+
+
+# ---------------------------------------------------------------- training
+def train(args: Args) -> None:
+    check_args(args)
+    if args.eval_only:
+        return eval_only(args)
+    device = pick_device(args.device)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(args.torch_deterministic)
+    rng = np.random.default_rng(args.seed)  # replay sampling, exploration noise, random actions
+    ckpt = load_checkpoint(args.resume, device) if args.resume else None
+    if ckpt:
+        check_resumable(ckpt, args)
+    global_step = ckpt["global_step"] if ckpt else 0
+    envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
+    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+
+    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim).to(device)
+    target_net = copy.deepcopy(net)
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
+    ou_state = np.zeros((args.num_envs, act_dim))
+    num_updates, start_time, start_step = 0, time.time(), global_step
+    if ckpt:
+        net.load_state_dict(ckpt["net"])
+        target_net.load_state_dict(ckpt["target_net"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        for group in optimizer.param_groups:
+            group["lr"] = args.learning_rate
+        rb.load_state_dict(ckpt["replay_buffer"])
+        set_rng_states(ckpt["rng"], rng)
+        ou_state, num_updates = ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
+        run_dir = Path(args.run_dir) if args.run_dir else Path(args.resume).resolve().parent.parent
+    else:
+        default = f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = Path(args.run_dir or default)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "config.json", asdict(args))
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            raise fail("--track needs the wandb package; pip install wandb or drop --track")
+        wandb.init(project=args.wandb_project_name, config=asdict(args), sync_tensorboard=True, dir=str(run_dir),
+                   name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
+    # Everything logged at the checkpoint's step was logged before it was saved: keep it.
+    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if ckpt else None)
+    if not ckpt:
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    stop = {"signal": None}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: stop.update(signal=signum))
+
+    def checkpoint() -> None:
+        save_checkpoint(run_dir / "checkpoints" / "latest.pt", {
+            "algo": "naf", "env_id": args.env_id, "args": asdict(args), "global_step": global_step,
+            "num_updates": num_updates, "net": net.state_dict(), "target_net": target_net.state_dict(),
+            "optimizer": optimizer.state_dict(), "replay_buffer": rb.state_dict(),
+            "ou_state": torch.from_numpy(ou_state.copy()), "rng": rng_states(rng)})
+
+    def run_eval() -> list[float]:
+        returns = evaluate(net, args.env_id, args.eval_episodes, args.seed, device)
+        writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+        return returns
+
+    autoreset = np.zeros(args.num_envs, bool)
+    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
+    recent_returns: list[float] = []
+    last_print = time.time()
+    while global_step < args.total_steps:
+        if global_step < args.learning_starts:
+            u = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
+        else:
+            with torch.inference_mode():
+                _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            noise, ou_state = exploration_noise(args.noise, ou_state, args.noise_scale, rng)
+            u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
+        obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
+        ep_return += rewards * ~autoreset
+        ep_length += ~autoreset
+        autoreset = next_autoreset
+        prev_step, global_step = global_step, global_step + args.num_envs
+        for i in np.flatnonzero(autoreset):
+            writer.add_scalar("charts/episodic_return", ep_return[i], global_step)
+            writer.add_scalar("charts/episodic_length", ep_length[i], global_step)
+            recent_returns = (recent_returns + [float(ep_return[i])])[-20:]
+            ep_return[i], ep_length[i], ou_state[i] = 0.0, 0, 0.0
+
+        if global_step >= args.learning_starts and rb.size >= args.batch_size:
+            for _ in range(args.updates_per_step * args.num_envs):
+                loss = naf_loss(net, target_net, rb.sample(args.batch_size, rng, device), args.gamma)
+                if not torch.isfinite(loss):
+                    raise fail(f"non-finite loss at step {global_step}; the last good checkpoint is kept, lower --learning-rate")
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(net.parameters(), MAX_GRAD_NORM)
+                optimizer.step()
+                soft_update(target_net, net, args.tau)
+                num_updates += 1
+            if global_step // 100 != prev_step // 100:  # log every 100 env steps, as CleanRL
+                writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                sps = int((global_step - start_step) / (time.time() - start_time))
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+
+        if args.eval_interval and global_step // args.eval_interval != prev_step // args.eval_interval and global_step < args.total_steps:
+            run_eval()
+        if args.checkpoint_interval and global_step // args.checkpoint_interval != prev_step // args.checkpoint_interval:
+            checkpoint()
+        if stop["signal"] is not None:
+            checkpoint()
+            print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} to {run_dir / 'checkpoints' / 'latest.pt'}; resume with --resume")
+            envs.close()
+            writer.close()
+            return
+        if time.time() - last_print > 5:
+            last_print = time.time()
+            sps = (global_step - start_step) / (last_print - start_time)
+            ret = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+            eta = (args.total_steps - global_step) / max(sps, 1e-9)
+            print(f"step {global_step:,}/{args.total_steps:,} | {sps:.0f} SPS | return {ret} | eta {eta / 60:.0f}m", flush=True)
+
+    returns = run_eval()
+    checkpoint()
+    envs.close()
+    writer.close()
+    wall = time.time() - start_time
+    write_json(run_dir / "summary.json", {
+        "script": SCRIPT, "algo": "naf", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
+        "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns),
+        "eval_returns": returns, "wall_time_s": wall, "sps": (global_step - start_step) / wall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "num_updates": num_updates})
+    print(f"done: {global_step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {run_dir}")
+
+
+if __name__ == "__main__":
+    train(tyro.cli(Args))

@@ -1,0 +1,327 @@
+"""Tests for algos/naf.py: the NAF math against hand/brute-force references, the NEXT_STEP
+autoreset handling on a counting env, and tiny end-to-end runs by subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+
+spec = importlib.util.spec_from_file_location("naf", ALGOS / "naf.py")
+naf = importlib.util.module_from_spec(spec)
+sys.modules["naf"] = naf  # dataclasses look the module up while @dataclass runs
+spec.loader.exec_module(naf)
+
+TINY = ["--total-steps", "600", "--learning-starts", "200", "--batch-size", "32", "--hidden-dim", "32",
+        "--eval-interval", "300", "--eval-episodes", "1", "--checkpoint-interval", "300"]
+
+
+def random_net(obs_dim=4, act_dim=3, seed=0):
+    torch.manual_seed(seed)
+    net = naf.NAFNetwork(obs_dim, act_dim, 16)
+    # Larger L entries than at init, so the quadratic is far from flat.
+    with torch.no_grad():
+        net.l_head.weight.mul_(5.0)
+    return net
+
+
+# ---------------------------------------------------------------- NAF math
+def test_q_at_mu_equals_v():
+    net = random_net()
+    V, mu, L = net(torch.randn(64, 4))
+    torch.testing.assert_close(naf.q_value(V, mu, L, mu), V)
+    assert mu.abs().max() <= 1.0
+
+
+def test_L_and_P_structure():
+    """L is filled row by row from the head (checked with a per-element loop), its diagonal
+    exponentiated; P = L L^T is symmetric positive definite."""
+    net = random_net(act_dim=3)
+    x = torch.randn(32, 4)
+    _, _, L = net(x)
+    raw = net.l_head(net.trunk(x)).detach()
+    for b in range(4):
+        k = 0
+        for i in range(3):
+            for j in range(i + 1):
+                expected = raw[b, k].exp() if i == j else raw[b, k]
+                assert torch.isclose(L[b, i, j], expected), (b, i, j)
+                k += 1
+    assert torch.all(torch.triu(L, diagonal=1) == 0)
+    P = L @ L.transpose(1, 2)
+    torch.testing.assert_close(P, P.transpose(1, 2))
+    assert torch.all(torch.linalg.eigvalsh(P) > 0)
+
+
+def test_advantage_nonpositive_and_matches_numpy():
+    net = random_net()
+    V, mu, L = net(torch.randn(128, 4))
+    u = torch.rand(128, 3) * 2 - 1
+    A = naf.advantage(u, mu, L).detach().numpy()
+    assert np.all(A <= 0)
+    for b in range(8):
+        d = (u[b] - mu[b]).detach().numpy().astype(np.float64)
+        Lb = L[b].detach().numpy().astype(np.float64)
+        assert A[b] == pytest.approx(-0.5 * d @ (Lb @ Lb.T) @ d, rel=1e-4, abs=1e-5)
+
+
+def test_greedy_action_is_mu():
+    net = random_net()
+    V, mu, L = net(torch.randn(16, 4))
+    V, mu, L = V.detach(), mu.detach(), L.detach()
+    q_mu = naf.q_value(V, mu, L, mu)
+    for _ in range(50):
+        u = (mu + 0.3 * torch.randn_like(mu)).clamp(-1, 1)
+        assert torch.all(q_mu >= naf.q_value(V, mu, L, u))
+    u = mu.clone().requires_grad_(True)
+    naf.q_value(V, mu, L, u).sum().backward()
+    assert u.grad.abs().max() < 1e-6
+    u = (mu + 0.5).requires_grad_(True)
+    naf.q_value(V, mu, L, u).sum().backward()
+    assert u.grad.abs().max() > 1e-3  # elsewhere the gradient does not vanish
+
+
+def test_td_target_hand_computed():
+    # Transitions: ordinary, terminated, truncated (stored with terminated = 0), terminated at the time limit.
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    terminated = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    V_next = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    y = naf.td_target(r, terminated, V_next, 0.9)
+    torch.testing.assert_close(y, torch.tensor([1 + 9.0, 2.0, 3 + 27.0, 4.0]))
+
+
+def test_loss_bootstraps_from_target_network():
+    net, target = random_net(seed=0), random_net(seed=1)
+    batch = {"obs": torch.randn(5, 4), "actions": torch.rand(5, 3) * 2 - 1, "rewards": torch.randn(5),
+             "next_obs": torch.randn(5, 4), "terminated": torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0])}
+    loss = naf.naf_loss(net, target, batch, 0.99)
+    with torch.no_grad():
+        V_next = target(batch["next_obs"])[0]
+        V, mu, L = net(batch["obs"])
+        q = [V[i] + naf.advantage(batch["actions"][i:i + 1], mu[i:i + 1], L[i:i + 1])[0] for i in range(5)]
+        y = [batch["rewards"][i] + (0.0 if batch["terminated"][i] else 0.99 * V_next[i]) for i in range(5)]
+    expected = sum((q[i] - y[i]) ** 2 for i in range(5)) / 5
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_soft_update_and_scale_action_and_noise():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    expected = 0.1 * a.weight.detach() + 0.9 * b.weight.detach()
+    naf.soft_update(b, a, 0.1)
+    torch.testing.assert_close(b.weight.detach(), expected)
+
+    low, high = np.array([-2.0, 0.0]), np.array([2.0, 10.0])
+    np.testing.assert_allclose(naf.scale_action(np.array([[-1.0, -1.0], [0.0, 0.0], [1.0, 1.0]]), low, high),
+                               [[-2, 0], [0, 5], [2, 10]])
+
+    state = np.array([[0.5, -1.0]])
+    eps = 0.3 * np.random.default_rng(7).standard_normal((1, 2))
+    noise, new_state = naf.exploration_noise("ou", state, 0.3, np.random.default_rng(7))
+    np.testing.assert_allclose(new_state, state - 0.15 * state + eps)
+    np.testing.assert_allclose(noise, new_state)
+    noise, same = naf.exploration_noise("gaussian", state, 0.3, np.random.default_rng(7))
+    np.testing.assert_allclose(noise, eps)
+    assert same is state
+
+
+def test_replay_buffer_wraps_and_round_trips():
+    rb = naf.ReplayBuffer(5, 1, 1)
+    for t in range(7):
+        rb.add(np.array([[t]]), np.array([[0.0]]), np.array([t]), np.array([[t + 1]]), np.array([0.0]))
+    assert rb.size == 5 and rb.ptr == 2
+    assert sorted(rb.rewards.tolist()) == [2, 3, 4, 5, 6]
+    other = naf.ReplayBuffer(5, 1, 1)
+    other.load_state_dict(rb.state_dict())
+    np.testing.assert_array_equal(other.obs, rb.obs)
+    assert (other.ptr, other.size) == (2, 5)
+
+
+# ---------------------------------------------------------------- NEXT_STEP autoreset
+class CounterEnv(gym.Env):
+    """obs = [t, T]: t counts steps, the episode terminates at t = T, T drawn in {2, 3, 4} at reset."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.T = 0, int(self.np_random.integers(2, 5))
+        return np.array([0, self.T], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t, self.T], np.float32), 1.0, self.t == self.T, False, {}
+
+
+gym.register("NafCounter-v0", entry_point=CounterEnv, max_episode_steps=3)  # T = 4 gets truncated at t = 3
+
+
+def test_autoreset_step_is_not_stored():
+    envs, obs = naf.make_vector_env("NafCounter-v0", 3, seed=0)
+    rb = naf.ReplayBuffer(1000, 2, 1)
+    autoreset = np.zeros(3, bool)
+    stored, ends, truncations = 0, 0, 0
+    for _ in range(40):
+        stored += int((~autoreset).sum())
+        u = np.zeros((3, 1), np.float32)
+        obs, _, terminated, truncated, autoreset = naf.step_and_store(envs, rb, obs, u, autoreset, -np.ones(1), np.ones(1))
+        ends += int(autoreset.sum())
+        truncations += int((truncated & ~terminated).sum())
+    envs.close()
+    assert ends > 5 and truncations > 0
+    assert rb.size == stored < 40 * 3
+    t, T, t_next = rb.obs[: rb.size, 0], rb.obs[: rb.size, 1], rb.next_obs[: rb.size, 0]
+    np.testing.assert_array_equal(t_next, t + 1)  # no (final obs -> reset obs) row
+    np.testing.assert_array_equal(rb.next_obs[: rb.size, 1], T)
+    np.testing.assert_array_equal(rb.terminated[: rb.size], (t_next == T).astype(np.float32))
+    truncated_rows = (t_next == 3) & (T == 4)
+    assert truncated_rows.any() and np.all(rb.terminated[: rb.size][truncated_rows] == 0)
+
+
+# ---------------------------------------------------------------- end-to-end
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("naf") / "run"
+    check_ok(run_script("naf.py", *TINY, "--num-envs", "2", "--noise", "ou", "--run-dir", str(run_dir)))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_tiny_run_outputs(tiny_run):
+    s = summary(tiny_run)
+    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
+                "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
+        assert key in s
+    assert (s["script"], s["algo"], s["global_step"], s["eval_episodes"]) == ("naf.py", "naf", 600, 1)
+    assert json.loads((tiny_run / "config.json").read_text())["num_envs"] == 2
+    assert [step for step, _ in scalars(tiny_run, "eval/episodic_return")] == [300, 600]
+    assert len(scalars(tiny_run, "charts/episodic_return")) == 2  # each env: one 200-step episode in 300 steps
+    assert scalars(tiny_run, "losses/td_loss") and scalars(tiny_run, "charts/SPS")
+    ckpt = torch.load(tiny_run / "checkpoints" / "latest.pt", weights_only=True)
+    assert ckpt["algo"] == "naf" and ckpt["global_step"] == 600
+    # 600 env steps over 2 envs: 300 vector steps, minus one autoreset step per env after the first episode.
+    assert ckpt["replay_buffer"]["size"] == 600 - 2 * 1
+    assert ckpt["num_updates"] == (600 - 200) + 2  # updates start at step 200, 2 per vector step
+
+
+@pytest.mark.slow
+def test_eval_only_with_video(tiny_run, tmp_path):
+    proc = run_script("naf.py", "--eval-only", "--checkpoint", str(tiny_run / "checkpoints" / "latest.pt"),
+                      "--eval-episodes", "1", "--capture-video", "--run-dir", str(tmp_path))
+    check_ok(proc)
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["eval_episodes"] == 1 and result["global_step"] == 600
+    assert list((tmp_path / "videos").glob("*.mp4"))
+
+
+@pytest.mark.slow
+def test_copy_alone_runs(tmp_path):
+    script = copy_alone("naf.py", tmp_path)
+    check_ok(run_script(script, "--total-steps", "300", "--learning-starts", "100", "--eval-episodes", "1", cwd=tmp_path))
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("Pendulum-v1__naf__1__")
+    assert summary(run_dir)["global_step"] == 300
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_keeps_buffer_and_curve(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "--checkpoint-interval", "200", "--eval-interval", "200", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, str(ALGOS / "naf.py"), *args, "--total-steps", "1000000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+    ckpt_path = run_dir / "checkpoints" / "latest.pt"
+    deadline = time.time() + 120
+    while not ckpt_path.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "checkpoint saved" in out and not (run_dir / "summary.json").exists()
+    first = torch.load(ckpt_path, weights_only=True)
+    n = first["global_step"]
+    assert n >= 200
+
+    check_ok(run_script("naf.py", *args, "--total-steps", str(n + 400), "--resume", str(ckpt_path)))
+    s = summary(run_dir)
+    assert s["global_step"] == n + 400
+    last = torch.load(ckpt_path, weights_only=True)
+    size = first["replay_buffer"]["size"]
+    assert last["replay_buffer"]["size"] > size
+    for key in naf.ReplayBuffer.FIELDS:
+        torch.testing.assert_close(last["replay_buffer"][key][:size], first["replay_buffer"][key])
+    assert last["num_updates"] == first["num_updates"] + 400
+    steps = [step for step, _ in scalars(run_dir, "eval/episodic_return")]
+    assert steps == sorted(set(steps)) and steps[-1] == n + 400 and steps[0] == 200
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(tmp_path):
+    args = ["--total-steps", "400", "--learning-starts", "200", "--batch-size", "32", "--hidden-dim", "32",
+            "--eval-episodes", "1"]
+    for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
+        check_ok(run_script("naf.py", *args, "--seed", seed, "--run-dir", str(tmp_path / name)))
+    a, b, c = (summary(tmp_path / n) for n in "abc")
+    assert a["eval_returns"] == b["eval_returns"]
+    assert scalars(tmp_path / "a", "charts/episodic_return") == scalars(tmp_path / "b", "charts/episodic_return")
+    a_ckpt, b_ckpt = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True) for n in "ab")
+    for key in a_ckpt["net"]:
+        torch.testing.assert_close(a_ckpt["net"][key], b_ckpt["net"][key], rtol=0, atol=0)
+    assert a["eval_returns"] != c["eval_returns"]  # the seed matters, so equality above means something
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("env_id, fragment", [
+    ("CartPole-v1", "ppg.py"), ("CarRacing-v3", "ppo_atari.py"), ("ALE/Pong-v5", "dqn_atari.py"),
+    ("NoSuchEnv-v0", "cannot make environment"),
+])
+def test_unsupported_env_refused(env_id, fragment, tmp_path):
+    check_error(run_script("naf.py", "--env-id", env_id, "--run-dir", str(tmp_path)), "naf.py: error", fragment)
+    assert not list(tmp_path.iterdir())  # nothing written before the refusal
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    ({"batch_size": 0}, "--batch-size"), ({"buffer_size": 10}, "--buffer-size"), ({"tau": 0.0}, "--tau"),
+    ({"gamma": 1.5}, "--gamma"), ({"learning_rate": -1.0}, "--learning-rate"), ({"num_envs": 0}, "--num-envs"),
+    ({"updates_per_step": 0}, "--updates-per-step"), ({"noise_scale": -0.1}, "--noise-scale"),
+    ({"eval_only": True}, "--checkpoint"),
+])
+def test_bad_hyperparameters(flags, fragment):
+    with pytest.raises(SystemExit, match=fragment):
+        naf.check_args(naf.Args(**flags))
+
+
+def test_bad_hyperparameter_cli(tmp_path):
+    check_error(run_script("naf.py", "--updates-per-step", "0", "--run-dir", str(tmp_path)), "--updates-per-step")
+    proc = run_script("naf.py", "--noise", "pink")  # tyro's own (multi-line) message for a bad choice
+    assert proc.returncode != 0 and "pink" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bad_checkpoints(tiny_run, tmp_path):
+    good = str(tiny_run / "checkpoints" / "latest.pt")
+    other = tmp_path / "other.pt"
+    torch.save({"algo": "d4pg", "env_id": "Pendulum-v1", "args": {}}, other)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    cases = [
+        (["--resume", str(other)], ("d4pg", "not naf")),
+        (["--resume", str(corrupt)], ("corrupt",)),
+        (["--resume", str(tmp_path / "missing.pt")], ("does not exist",)),
+        (["--resume", good, "--env-id", "InvertedPendulum-v5"], ("is for Pendulum-v1",)),
+        (["--resume", good, "--num-envs", "2", "--hidden-dim", "64"], ("--hidden-dim 32",)),
+        (["--resume", good, "--hidden-dim", "32"], ("--num-envs 2",)),
+        (["--eval-only", "--checkpoint", str(other)], ("not naf",)),
+    ]
+    for flags, fragments in cases:
+        check_error(run_script("naf.py", *flags, "--run-dir", str(tmp_path / "r")), "naf.py: error", *fragments)
