@@ -1,0 +1,289 @@
+"""Tests of algos/ppg.py: GAE with truncation and autoreset, the auxiliary phase's
+losses and gradients per architecture, phase bookkeeping across resume, and the
+usual end-to-end contract (tiny runs, copy-alone, determinism, bad input)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+
+spec = importlib.util.spec_from_file_location("ppg", ALGOS / "ppg.py")
+ppg = importlib.util.module_from_spec(spec)
+sys.modules["ppg"] = ppg  # dataclasses look the module up while the file executes
+spec.loader.exec_module(ppg)
+
+TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--n-pi", "3",
+        "--e-pi", "2", "--e-v", "2", "--e-aux", "2", "--aux-num-minibatches", "4", "--eval-episodes", "2"]
+
+
+def tags_equal(dir_a, dir_b, tags):
+    for tag in tags:
+        a, b = scalars(dir_a, tag), scalars(dir_b, tag)
+        assert a, f"no {tag}"
+        assert a == b, f"{tag} differs"
+
+
+# ------------------------------------------------------------------- math
+def test_gae_truncation_termination_and_autoreset_step():
+    g, lam = 0.9, 0.8
+    # t0 ordinary, t1 truncated, t2 the autoreset step (not a transition), t3 ordinary, t4 terminated.
+    r = torch.tensor([1.0, 2.0, 0.0, 3.0, 4.0]).unsqueeze(1)
+    v = torch.tensor([0.5, 0.7, 0.9, 1.1, 1.3]).unsqueeze(1)  # v[2] = V(real final obs of episode 1)
+    term = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0]).unsqueeze(1)
+    done = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0]).unsqueeze(1)
+    A = ppg.gae(r, v, torch.tensor([5.0]), term, done, g, lam)[:, 0]
+    a4 = 4.0 - 1.3                                   # termination: no bootstrap
+    a3 = 3.0 + g * 1.3 - 1.1 + g * lam * a4
+    a1 = 2.0 + g * 0.9 - 0.7                         # truncation: bootstrap V(final obs), trace cut
+    a0 = 1.0 + g * 0.7 - 0.5 + g * lam * a1
+    for t, expected in [(0, a0), (1, a1), (3, a3), (4, a4)]:
+        assert A[t].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_gae_matches_per_env_loop():
+    torch.manual_seed(0)
+    T, N, g, lam = 7, 3, 0.97, 0.9
+    r, v, nv = torch.randn(T, N), torch.randn(T, N), torch.randn(N)
+    done = (torch.rand(T, N) < 0.3).float()
+    term = done * (torch.rand(T, N) < 0.5).float()
+    A = ppg.gae(r, v, nv, term, done, g, lam)
+    for n in range(N):
+        for t in range(T):  # forward sum of discounted TD errors until the episode ends
+            total, coef, k = 0.0, 1.0, t
+            while k < T:
+                v_next = nv[n] if k == T - 1 else v[k + 1, n]
+                total += coef * (r[k, n] + g * v_next * (1 - term[k, n]) - v[k, n])
+                if done[k, n]:
+                    break
+                coef *= g * lam
+                k += 1
+            assert A[t, n].item() == pytest.approx(float(total), abs=1e-5)
+
+
+def make_agent(arch, seed=0):
+    torch.manual_seed(seed)
+    return ppg.Agent(4, 3, 16, arch)
+
+
+def test_kl_distillation_is_zero_when_policy_matches_pi_old():
+    agent = make_agent("dual")
+    obs = torch.randn(64, 4)
+    logits_old = agent.logits(obs).detach()
+    logits, value, aux = agent(obs)
+    kl, _, _ = ppg.aux_losses(logits, value, aux, logits_old, torch.zeros(64), torch.ones(64))
+    assert abs(kl.item()) < 1e-6
+    kl.backward()
+    for name, p in agent.named_parameters():
+        assert p.grad is None or p.grad.abs().max().item() < 1e-6, name
+    # A gradient step on this loss leaves the policy where it is (float rounding aside; Adam
+    # would rescale rounding noise, so plain SGD shows it) ...
+    before = agent.logits(obs).detach()
+    torch.optim.SGD(agent.parameters(), lr=1.0).step()
+    assert torch.allclose(agent.logits(obs), before, atol=1e-6)
+    # ... while a different pi_old gives a non-zero gradient (the check can fail).
+    agent.zero_grad()
+    logits, value, aux = agent(obs)
+    ppg.aux_losses(logits, value, aux, logits_old + torch.randn_like(logits_old), torch.zeros(64), torch.ones(64))[0].backward()
+    assert agent.pi_head.weight.grad.abs().max().item() > 1e-4
+
+
+def test_categorical_kl_matches_torch():
+    a, b = torch.randn(10, 5), torch.randn(10, 5)
+    ref = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=a), torch.distributions.Categorical(logits=b))
+    assert torch.allclose(ppg.categorical_kl(a, b), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["dual", "shared"])
+def test_auxiliary_phase_fits_value_targets_and_keeps_policy(arch):
+    agent = make_agent(arch)
+    obs = torch.randn(512, 4)
+    v_targ = 3.0 * obs[:, 0] - 2.0 * obs[:, 1] ** 2 + 5.0
+    valid = torch.ones(512)
+    valid[::7] = 0.0  # autoreset steps carry no target
+    logits_old = agent.logits(obs).detach()
+
+    def errors():
+        with torch.no_grad():
+            _, value, aux = agent(obs)
+            m = valid.bool()
+            return ((aux - v_targ)[m] ** 2).mean().item(), ((value - v_targ)[m] ** 2).mean().item()
+
+    aux_before, v_before = errors()
+    args = ppg.Args(e_aux=6, aux_num_minibatches=8, max_grad_norm=10.0)
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    stats = ppg.auxiliary_phase(agent, opt, obs, v_targ, valid, args)
+    aux_after, v_after = errors()
+    assert aux_after < 0.5 * aux_before and v_after < 0.5 * v_before
+    assert set(stats) == {"kl", "aux_value", "value"}
+    kl = ppg.categorical_kl(logits_old, agent.logits(obs).detach()).mean().item()
+    assert kl < 0.05  # beta_clone keeps the policy close to pi_old
+
+
+def grad_groups(agent, loss):
+    """Names of the parameter groups that receive a non-zero gradient from `loss`."""
+    agent.zero_grad(set_to_none=True)
+    loss.backward(retain_graph=True)
+    groups = set()
+    for name, p in agent.named_parameters():
+        if p.grad is not None and p.grad.abs().max().item() > 0:
+            groups.add(name.split(".")[0])
+    return groups
+
+
+@pytest.mark.parametrize("arch", ["dual", "shared"])
+def test_each_loss_trains_only_its_parameters(arch):
+    agent = make_agent(arch)
+    obs = torch.randn(32, 4)
+    ones = torch.ones(32)
+    logits, value, aux = agent(obs)
+    pg, v_loss, entropy, _, _ = ppg.ppo_losses(logits, value, torch.randint(0, 3, (32,)), torch.full((32,), -1.1),
+                                                torch.randn(32), torch.randn(32), ones, 0.2)
+    kl, aux_v, v_aux_phase = ppg.aux_losses(logits, value, aux, torch.randn(32, 3), torch.randn(32), ones)
+    policy = {"pi_body", "pi_head"}
+    value_net = {"v_body", "v_head"} if arch == "dual" else {"v_head"}  # shared: trunk detached
+    assert grad_groups(agent, pg) == policy
+    assert grad_groups(agent, entropy) == policy
+    assert grad_groups(agent, v_loss) == value_net
+    assert grad_groups(agent, kl) == policy
+    assert grad_groups(agent, aux_v) == {"pi_body", "aux_head"}
+    assert grad_groups(agent, v_aux_phase) == value_net
+
+
+def test_policy_phase_trains_policy_for_e_pi_epochs_only():
+    torch.manual_seed(1)
+    n = 64
+    batch = {"obs": torch.randn(n, 4), "actions": torch.randint(0, 3, (n,)), "logprobs": torch.full((n,), -1.1),
+             "advantages": torch.randn(n), "returns": torch.randn(n), "valid": torch.ones(n)}
+    results = []
+    for e_v in (1, 3):
+        agent = make_agent("dual")
+        opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+        torch.manual_seed(2)
+        ppg.policy_phase(agent, opt, batch, ppg.Args(e_pi=1, e_v=e_v, num_minibatches=2))
+        results.append(agent.state_dict())
+    for name in results[0]:
+        same = torch.equal(results[0][name], results[1][name])
+        assert same == (not name.startswith("v_")), name
+
+
+# ------------------------------------------------------------ end to end
+def test_tiny_run_outputs_and_checkpoint(tmp_run):
+    check_ok(run_script("ppg.py", "--total-steps", "640", "--eval-interval", "320", "--run-dir", str(tmp_run), *TINY))
+    s = summary(tmp_run)
+    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
+                "eval_returns", "wall_time_s", "sps", "peak_rss_mb", "aux_phase_time_fraction"):
+        assert key in s, key
+    assert s["script"] == "ppg.py" and s["global_step"] == 640 and s["eval_episodes"] == 2
+    assert s["aux_phases"] == 3  # 10 iterations, N_pi 3
+    assert json.loads((tmp_run / "config.json").read_text())["n_pi"] == 3
+    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+                "losses/policy_loss", "losses/value_loss", "losses/entropy", "charts/aux_phase_time_fraction"):
+        assert scalars(tmp_run, tag), tag
+    assert [step for step, _ in scalars(tmp_run, "losses/aux/kl")] == [192, 384, 576]
+    assert [step for step, _ in scalars(tmp_run, "eval/episodic_return")] == [320, 640]
+    ckpt = torch.load(tmp_run / "checkpoints" / "latest.pt", weights_only=True)
+    assert ckpt["algo"] == "ppg" and ckpt["global_step"] == 640 and ckpt["phase_iteration"] == 1
+    assert ckpt["aux_obs"].shape == (1, 64, 4) and "aux_optimizer" in ckpt and "optimizer" in ckpt
+
+    proc = run_script("ppg.py", "--eval-only", "--checkpoint", str(tmp_run / "checkpoints" / "latest.pt"),
+                      "--eval-episodes", "1", "--capture-video")
+    check_ok(proc)
+    result = json.loads((tmp_run / "eval.json").read_text())
+    assert result["eval_episodes"] == 1 and result["global_step"] == 640
+    assert list((tmp_run / "videos").glob("*.mp4"))
+
+
+def test_copy_alone_shared_arch(tmp_path):
+    script = copy_alone("ppg.py", tmp_path / "alone")
+    proc = run_script(script, "--total-steps", "256", "--arch", "shared", "--eval-interval", "0", *TINY,
+                      cwd=tmp_path / "alone")
+    check_ok(proc)
+    (run,) = (tmp_path / "alone" / "runs").iterdir()
+    assert run.name.startswith("CartPole-v1__ppg__1__")
+    assert summary(run)["global_step"] == 256
+
+
+@pytest.mark.slow
+def test_resume_mid_phase_matches_uninterrupted_run(tmp_path):
+    common = [*TINY, "--no-anneal-lr", "--eval-interval", "0", "--checkpoint-interval", "0"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    check_ok(run_script("ppg.py", "--total-steps", "1024", "--run-dir", str(full), *common))
+    check_ok(run_script("ppg.py", "--total-steps", "448", "--run-dir", str(part), *common))
+    ckpt = torch.load(part / "checkpoints" / "latest.pt", weights_only=True)
+    assert ckpt["phase_iteration"] == 1 and ckpt["aux_phases"] == 2  # 7 iterations: mid-phase
+    check_ok(run_script("ppg.py", "--total-steps", "1024", "--resume", str(part / "checkpoints" / "latest.pt"), *common))
+    assert summary(part)["global_step"] == 1024
+    assert [s for s, _ in scalars(part, "losses/aux/kl")] == [192, 384, 576, 768, 960]
+    tags_equal(full, part, ["losses/aux/kl", "losses/aux/aux_value", "losses/aux/value", "losses/policy_loss",
+                            "losses/value_loss", "charts/episodic_return"])
+    assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
+
+
+def test_same_seed_same_metrics(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        check_ok(run_script("ppg.py", "--total-steps", "384", "--eval-interval", "0", "--run-dir", str(d), *TINY))
+    tags_equal(*dirs, ["losses/policy_loss", "losses/value_loss", "losses/aux/kl", "charts/episodic_return"])
+    assert summary(dirs[0])["eval_returns"] == summary(dirs[1])["eval_returns"]
+
+
+def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_run):
+    cmd = [sys.executable, str(ALGOS / "ppg.py"), "--total-steps", "10000000", "--run-dir", str(tmp_run),
+           "--checkpoint-interval", "0", "--eval-interval", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stdout.readline().startswith("step ")  # training has started
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "checkpoint saved" in out
+    ckpt = torch.load(tmp_run / "checkpoints" / "latest.pt", weights_only=True)
+    assert 0 < ckpt["global_step"] < 10_000_000
+    assert not (tmp_run / "summary.json").exists()
+
+
+# ------------------------------------------------------------- bad input
+@pytest.mark.parametrize("args, fragments", [
+    (["--env-id", "NoSuchEnv-v9"], ["unknown environment", "NoSuchEnv-v9"]),
+    (["--env-id", "Pendulum-v1"], ["continuous actions", "d4pg.py"]),
+    (["--env-id", "CarRacing-v3"], ["image observations", "ppo_atari.py"]),
+    (["--env-id", "FrozenLake-v1"], ["flat Box"]),
+    (["--num-minibatches", "3"], ["--num-minibatches", "does not divide"]),
+    (["--aux-num-minibatches", "3"], ["--aux-num-minibatches", "does not divide"]),
+    (["--total-steps", "100"], ["--total-steps", "below one rollout"]),
+    (["--n-pi", "0"], ["--n-pi"]),
+    (["--e-aux", "-1"], ["--e-aux"]),
+    (["--eval-only"], ["--checkpoint"]),
+    (["--resume", "/nonexistent/latest.pt"], ["does not exist"]),
+])
+def test_bad_input(args, fragments, tmp_run):
+    check_error(run_script("ppg.py", "--run-dir", str(tmp_run), *args), *fragments)
+    assert not (tmp_run / "summary.json").exists()
+
+
+def test_bad_checkpoints(tmp_path):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    check_error(run_script("ppg.py", "--resume", str(corrupt)), "corrupt")
+    other = tmp_path / "other.pt"
+    torch.save({"algo": "dqn", "args": {}}, other)
+    check_error(run_script("ppg.py", "--eval-only", "--checkpoint", str(other)), "dqn")
+    run = tmp_path / "run"
+    check_ok(run_script("ppg.py", "--total-steps", "256", "--eval-interval", "0", "--run-dir", str(run), *TINY))
+    check_error(run_script("ppg.py", "--resume", str(run / "checkpoints" / "latest.pt"), *TINY, "--arch", "shared"),
+                "--arch", "dual")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+def test_cuda_requested_without_cuda(tmp_run):
+    check_error(run_script("ppg.py", "--device", "cuda", "--run-dir", str(tmp_run)), "CUDA")
