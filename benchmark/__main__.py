@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,8 +16,8 @@ import tyro
 from .backends import run_local, run_ray
 from .manifest import Mode, Preset, ZooError, load_zoo
 from .progress import Progress
-from .report import build_results, update_readme, write_sweep_report
-from .runner import finished_ok, load_records, open_sweep, plan_jobs, write_json
+from .report import report_sweep, update_readme
+from .runner import finished_ok, open_sweep, plan_jobs, write_json
 
 
 @dataclass
@@ -42,7 +42,8 @@ class Sweep(Common):
     env: tuple[str, ...] = ()
     """Only these environment ids (or patterns)."""
     workers: int = 2
-    """Runs at once (local backend), or CPUs of the local Ray instance (ray backend)."""
+    """CPUs to fill: runs at once, each taking its preset's num_cpus (local backend), or the
+    CPUs of the local Ray instance (ray backend)."""
     backend: Literal["local", "ray"] = "local"
     """Local processes, or one Ray task per run."""
     ray_address: str | None = None
@@ -74,11 +75,11 @@ class Full(Sweep):
     """Committed results go to <results-dir>/<sweep>/."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report(Common):
     """Rebuild results/<sweep>/ (report, results.json, plots) from a full sweep's run records."""
 
-    name: str = ""
+    name: str
     """The sweep."""
     results_dir: Path = Path("results")
 
@@ -103,6 +104,10 @@ def select(presets: dict[str, Preset], sweep: Sweep) -> list[Preset]:
     return chosen
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     presets = load_zoo(sweep.zoo, sweep.algos_dir)
     chosen = select(presets, sweep)
@@ -119,6 +124,7 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     todo = [job for job in jobs if not finished_ok(job)]
     print(f"sweep {name}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished; "
           f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)", flush=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a preempted driver stops its runs too
     try:
         with Progress(len(jobs), len(jobs) - len(todo), sweep.progress_interval_s) as progress:
             if sweep.backend == "ray":
@@ -128,15 +134,15 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; re-run with --name {name} to resume", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     names = {p.name for p in chosen}
-    records = [r for r in load_records(sweep_dir) if r["preset"] in presets]
-    results = build_results(name, json.loads((sweep_dir / "sweep.json").read_text()), presets, records)
     out_dir = full.results_dir / name if full else sweep_dir
-    write_sweep_report(out_dir, results, presets, records, with_plots=full is not None)
+    results = report_sweep(sweep_dir, presets, out_dir, with_plots=full is not None)
     if full and budget == {"steps_scale": 1.0, "total_steps": None}:
         write_json(full.results_dir / "latest", {"sweep": name})
     print(f"report: {out_dir / 'report.md'}")
-    failed = [r for r in records if r["preset"] in names and r["status"] != "ok"]
+    failed = [r for r in results["runs"] if r["preset"] in names and r["status"] != "ok"]
     missed = [n for n, p in results["presets"].items() if n in names and p["target"]["status"] == "missed"]
     for n in missed:
         print(f"target missed: {n}: {results['presets'][n]['target']['text']}")
@@ -145,12 +151,9 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
 
 def rebuild_report(args: Report) -> int:
     sweep_dir = args.runs_dir / args.name
-    if not args.name or not (sweep_dir / "sweep.json").exists():
+    if not (sweep_dir / "sweep.json").exists():
         raise ZooError(f"no sweep named {args.name!r} in {args.runs_dir}")
-    presets = load_zoo(args.zoo, args.algos_dir)
-    records = load_records(sweep_dir)
-    results = build_results(args.name, json.loads((sweep_dir / "sweep.json").read_text()), presets, records)
-    write_sweep_report(args.results_dir / args.name, results, presets, records, with_plots=True)
+    report_sweep(sweep_dir, load_zoo(args.zoo, args.algos_dir), args.results_dir / args.name, with_plots=True)
     print(f"report: {args.results_dir / args.name / 'report.md'}")
     return 0
 

@@ -10,6 +10,7 @@ import io
 import math
 import tarfile
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
@@ -27,21 +28,40 @@ def _threads(job: Job) -> int:
     return max(1, math.floor(job.preset.num_cpus))
 
 
-def run_local(jobs: list[Job], workers: int, on_start: OnStart, on_finish: OnFinish) -> None:
-    """Run jobs as local processes, `workers` at a time."""
+def run_local(jobs: list[Job], cpus: int, on_start: OnStart, on_finish: OnFinish) -> None:
+    """Run jobs as local processes on `cpus` CPUs: each run holds its preset's num_cpus
+    (at most all of them) while it runs."""
+    free = cpus
+    turn = threading.Condition()
+    cancelled = threading.Event()
 
-    def run(job: Job) -> dict[str, Any]:
-        on_start(job)
-        prepare_run_dir(job)
-        argv = job.argv(job.preset.script.resolve(), job.run_dir.resolve())
-        result = execute(argv, Path.cwd(), job.run_dir / LOG_NAME, job.timeout_s, _threads(job))
-        return make_record(job, result, argv)
+    def run(job: Job) -> dict[str, Any] | None:
+        nonlocal free
+        need = min(math.ceil(job.preset.num_cpus), cpus)
+        with turn:
+            turn.wait_for(lambda: free >= need or cancelled.is_set())
+            if cancelled.is_set():
+                return None
+            free -= need
+        try:
+            on_start(job)
+            prepare_run_dir(job)
+            argv = job.argv(job.preset.script.resolve(), job.run_dir.resolve())
+            result = execute(argv, Path.cwd(), job.run_dir / LOG_NAME, job.timeout_s, _threads(job))
+            return make_record(job, result, argv)
+        finally:
+            with turn:
+                free += need
+                turn.notify_all()
 
-    pool = ThreadPoolExecutor(max_workers=workers)
+    pool = ThreadPoolExecutor(max_workers=cpus)
     try:
         for future in as_completed([pool.submit(run, job) for job in jobs]):
-            on_finish(future.result())
+            on_finish(future.result())  # type: ignore[arg-type]  # None only once cancelled
     except BaseException:
+        cancelled.set()
+        with turn:
+            turn.notify_all()
         pool.shutdown(wait=False, cancel_futures=True)
         stop_all()
         raise
@@ -93,6 +113,8 @@ def run_ray(jobs: list[Job], address: str | None, local_cpus: int, on_start: OnS
                  runtime_env={"py_modules": [package]}, log_to_driver=False)
     try:
         has_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        if not has_gpu and any(job.preset.num_gpus for job in jobs):
+            print("the Ray cluster has no GPU: presets that ask for one run on CPU", flush=True)
         task = ray.remote(ray_task)
         pending = {}
         for job in jobs:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import aggregate
 from .manifest import Preset, ZooError
-from .runner import write_atomic, write_json
+from .runner import load_records, write_atomic, write_json
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 PLOT_POINTS = 200
@@ -22,7 +22,8 @@ PLOT_POINTS = 200
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent)
     except OSError:
         return None
     return out.stdout.strip() or None
@@ -138,7 +139,10 @@ def render_report(results: dict[str, Any], with_plots: bool) -> str:
              "- command(s):", *[f"  - `{c}`" for c in results["commands"]], "",
              "## Results", "", *preset_table(results, "" if with_plots else None), ""]
     for name, p in results["presets"].items():
+        seeds = [f"seed {r['seed']}: {_num(r['summary']['eval_mean']) if r['status'] == 'ok' else 'failed'}"
+                 for r in results["runs"] if r["preset"] == name]
         lines += [f"### {name}", "", f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
+                  f"- ours: {_score(p['eval_mean'])} (IQM {_iqm(p['eval_mean'])}); {', '.join(seeds)}",
                   f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB"]
         if p["dataset"]:
             lines.append(f"- dataset: {p['dataset']}")
@@ -178,23 +182,27 @@ def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, 
         stack = np.array(rows)
         seen = ~np.all(np.isnan(stack), axis=0)
         ax.plot(grid[seen], np.nanmean(stack[:, seen], axis=0), label=f"training ({window}-episode average)")
-        ax.fill_between(grid[seen], np.nanmin(stack[:, seen], axis=0), np.nanmax(stack[:, seen], axis=0), alpha=0.25)
+        ax.fill_between(grid[seen], np.nanmin(stack[:, seen], axis=0), np.nanmax(stack[:, seen], axis=0), alpha=0.25,
+                        label="min-max over seeds")
     for i, r in enumerate(records):
         if r["curves"]["eval"]:
             steps, values = zip(*r["curves"]["eval"])
             ax.scatter(steps, values, s=12, color="black", label="evaluation" if i == 0 else None, zorder=3)
     if target is not None:
         ax.axhline(target, color="gray", linestyle="--", label="target")
-    ax.set(title=name, xlabel="environment steps", ylabel="episodic return")
-    ax.legend(loc="best", fontsize="small")
+    ax.set(title=f"{name} ({len(records)} seeds)", xlabel="environment steps", ylabel="episodic return")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def write_sweep_report(out_dir: Path, results: dict[str, Any], presets: dict[str, Preset],
-                       records: list[dict[str, Any]], with_plots: bool) -> None:
+def report_sweep(sweep_dir: Path, presets: dict[str, Preset], out_dir: Path, with_plots: bool) -> dict[str, Any]:
+    """Aggregate a sweep's run records into `out_dir` (results.json, report.md, plots/)."""
+    records = load_records(sweep_dir)
+    results = build_results(sweep_dir.name, json.loads((sweep_dir / "sweep.json").read_text()), presets, records)
     if with_plots:
         for name in results["presets"]:
             preset = presets[name]
@@ -203,6 +211,7 @@ def write_sweep_report(out_dir: Path, results: dict[str, Any], presets: dict[str
                         out_dir / "plots" / f"{name}.png")
     write_json(out_dir / "results.json", results)
     write_atomic(out_dir / "report.md", render_report(results, with_plots))
+    return results
 
 
 def update_readme(readme: Path, results_dir: Path) -> None:

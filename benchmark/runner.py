@@ -221,4 +221,5 @@ def prepare_run_dir(job: Job) -> None:
 
 
 def load_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(sweep_dir.glob(f"*/seed*/{RECORD_NAME}"))]
+    records = [json.loads(p.read_text()) for p in sweep_dir.glob(f"*/seed*/{RECORD_NAME}")]
+    return sorted(records, key=lambda r: (r["preset"], r["seed"]))

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -92,8 +93,10 @@ def preset_toml(name: str, *, args: str = "", seeds: int = 1, target: str = "", 
 
 
 @pytest.fixture
-def zoo(tmp_path: Path):
-    """Write the fake script and a manifest; return a function building the CLI arguments."""
+def zoo(tmp_path: Path, monkeypatch):
+    """Write the fake script and a manifest; return a function building the CLI arguments.
+    Runs from tmp_path, so that no default output path can land in the repository."""
+    monkeypatch.chdir(tmp_path)
     algos = tmp_path / "algos"
     algos.mkdir()
     (algos / "fake.py").write_text(FAKE)
@@ -128,7 +131,7 @@ def test_real_zoo_is_valid_and_covers_every_algorithm(tmp_path: Path):
     assert presets["ppg-lunarlander-noaux"].args == {"e-aux": 0}
     assert presets["naf-invertedpendulum"].provisional and presets["d4pg-halfcheetah"].provisional
     assert presets["d4pg-pendulum"].smoke.args["batch-size"] == 32
-    assert all(p.references for n, p in presets.items() if n.endswith(("breakout", "pendulum", "cartpole")))
+    assert all(p.references for n, p in presets.items() if n.endswith(("breakout", "-pendulum", "cartpole")))
 
 
 GOOD = 'metric = "eval_mean"\nmin = 1\nat_least = 1\nof = 1\ntext = "t"'
@@ -217,6 +220,24 @@ def test_interrupted_sweep_resumes_skipping_finished_runs(tmp_path: Path, zoo, c
     # The same name with another budget is refused rather than mixed.
     assert main(["full", *args, "--name", "r", "--steps-scale", "0.5"]) == 2
     assert "was run as full" in capsys.readouterr().err
+
+
+def test_sigterm_stops_the_sweep_and_its_runs(tmp_path: Path, zoo):
+    args = zoo(preset_toml("a", seeds=2), preset_toml("slow", args='behaviour = "sleep"', timeout=300))
+    proc = subprocess.Popen([sys.executable, "-m", "benchmark", "full", *args, "--name", "k",
+                             "--results-dir", str(tmp_path / "results")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = tmp_path / "runs/k"
+    deadline = time.monotonic() + 120
+    while not ((runs / "slow/seed1/benchmark.log").exists() and len(list(runs.glob("a/seed*/run.json"))) == 2):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.terminate()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted; re-run with --name k to resume" in err, (out, err)
+    slow = json.loads((runs / "slow/seed1/run.json").read_text())
+    assert slow["status"] == "failed" and slow["returncode"] == -15  # the run was stopped, not left behind
+    assert main(["full", *args, "--name", "k", "--preset", "a"]) == 0
 
 
 # --- aggregation --------------------------------------------------------------------------
