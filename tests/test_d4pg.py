@@ -1,0 +1,364 @@
+"""Tests of algos/d4pg.py: the math against independent references, then tiny runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+
+spec = importlib.util.spec_from_file_location("d4pg", ALGOS / "d4pg.py")
+d4pg = importlib.util.module_from_spec(spec)
+sys.modules["d4pg"] = d4pg  # dataclasses look the module up while it loads
+spec.loader.exec_module(d4pg)
+
+TINY = ["--total-steps", "600", "--learning-starts", "200", "--batch-size", "32", "--hidden-size", "32",
+        "--buffer-size", "5000", "--eval-episodes", "1", "--eval-interval", "400"]
+
+
+# ---------------------------------------------------------------- categorical projection
+def brute_force_projection(R, discount, p, z):
+    """C51's Alg. 1 with a Python loop: each shifted atom gives its mass to its two neighbours."""
+    out = np.zeros_like(p)
+    dz = z[1] - z[0]
+    for b in range(p.shape[0]):
+        for j in range(len(z)):
+            tz = min(max(R[b] + discount[b] * z[j], z[0]), z[-1])
+            pos = (tz - z[0]) / dz
+            lo, hi = math.floor(pos), math.ceil(pos)
+            if lo == hi:
+                out[b, lo] += p[b, j]
+            else:
+                out[b, lo] += p[b, j] * (hi - pos)
+                out[b, hi] += p[b, j] * (pos - lo)
+    return out
+
+
+def test_projection_matches_brute_force():
+    rng = np.random.default_rng(0)
+    B, N = 64, 11
+    z = np.linspace(-10.0, 10.0, N)
+    R = rng.uniform(-15, 15, B)
+    discount = rng.choice([0.0, 0.99**5, 0.99**2, 1.0], B)  # 0: terminal transitions
+    p = rng.dirichlet(np.ones(N), B)
+    shifted = R[:, None] + discount[:, None] * z
+    assert (shifted < z[0]).any() and (shifted > z[-1]).any(), "the case must include atoms outside the support"
+    assert (discount == 0).any()
+    got = d4pg.categorical_projection(torch.tensor(R), torch.tensor(discount), torch.tensor(p), torch.tensor(z)).numpy()
+    np.testing.assert_allclose(got, brute_force_projection(R, discount, p, z), atol=1e-12)
+    np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-12)
+    # float32 on the default path also sums to 1
+    got32 = d4pg.categorical_projection(*(torch.tensor(x, dtype=torch.float32) for x in (R, discount, p, z)))
+    np.testing.assert_allclose(got32.sum(-1).numpy(), 1.0, atol=1e-5)
+
+
+def test_projection_terminal_cases():
+    z = torch.linspace(-2.0, 2.0, 5)  # atoms -2, -1, 0, 1, 2
+    p = torch.full((4, 5), 0.2)
+    R = torch.tensor([1.0, 0.25, -7.0, 9.0])
+    m = d4pg.categorical_projection(R, torch.zeros(4), p, z)  # terminal: all mass at R, whatever p'
+    expected = torch.tensor([[0, 0, 0, 1, 0], [0, 0, 0.75, 0.25, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 1.0]])
+    torch.testing.assert_close(m, expected)
+
+
+# ---------------------------------------------------------------- n-step returns
+def collect(windows, steps):
+    """Feed (obs, action, reward, terminated, truncated, real_next_obs) rows; return emitted tuples."""
+    out = []
+    for s, r, term, trunc, nxt in steps:
+        tr = windows.add(np.array([[s]], np.float32), np.array([[s / 100]], np.float32), np.array([r]),
+                         np.array([term]), np.array([trunc]), np.array([[nxt]], np.float32))
+        out += rows(tr)
+    return out
+
+
+def rows(tr):
+    return [(float(o[0]), float(a[0]), float(R), float(d), float(n[0]))
+            for o, a, R, d, n in zip(tr["obs"], tr["actions"], tr["returns"], tr["discounts"], tr["next_obs"])]
+
+
+# episode A terminates after 3 steps; episode B is truncated after 5; episode C is still running
+SEQUENCE = [(0, 1, False, False, 1), (1, 2, False, False, 2), (2, 3, True, False, 3),
+            (10, 10, False, False, 11), (11, 20, False, False, 12), (12, 30, False, False, 13),
+            (13, 40, False, False, 14), (14, 50, False, True, 15),
+            (20, 100, False, False, 21), (21, 200, False, False, 22)]
+# n = 3, gamma = 0.5, by hand: (s_t, a_t, R, gamma^m (1 - terminated), s_{t+m})
+EXPECTED = [(0, 0.00, 1 + 0.5 * 2 + 0.25 * 3, 0.0, 3), (1, 0.01, 2 + 0.5 * 3, 0.0, 3), (2, 0.02, 3, 0.0, 3),
+            (10, 0.10, 10 + 0.5 * 20 + 0.25 * 30, 0.125, 13), (11, 0.11, 20 + 0.5 * 30 + 0.25 * 40, 0.125, 14),
+            (12, 0.12, 30 + 0.5 * 40 + 0.25 * 50, 0.125, 15), (13, 0.13, 40 + 0.5 * 50, 0.25, 15), (14, 0.14, 50, 0.5, 15)]
+FLUSHED = [(20, 0.20, 100 + 0.5 * 200, 0.25, 22), (21, 0.21, 200, 0.5, 22)]
+
+
+def test_nstep_hand_computed():
+    windows = d4pg.NStepWindows(1, n=3, gamma=0.5, obs_dim=1, act_dim=1)
+    got = collect(windows, SEQUENCE)
+    np.testing.assert_allclose(np.array(got), np.array(EXPECTED), rtol=1e-6)
+    np.testing.assert_allclose(np.array(rows(windows.flush(np.array([[22.0]])))), np.array(FLUSHED), rtol=1e-6)
+    assert rows(windows.flush(np.array([[0.0]]))) == []  # flushing empties the windows
+
+
+def test_nstep_windows_checkpoint_roundtrip_and_vectorised():
+    windows = d4pg.NStepWindows(1, n=3, gamma=0.5, obs_dim=1, act_dim=1)
+    first = collect(windows, SEQUENCE[:4])
+    restored = d4pg.NStepWindows(1, n=3, gamma=0.5, obs_dim=1, act_dim=1)
+    restored.load_state_dict(windows.state_dict())
+    assert first + collect(restored, SEQUENCE[4:]) == collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), SEQUENCE)
+    # two envs stepping together emit what each would alone
+    other = [(s + 50, r * 3, t, tr, n + 50) for s, r, t, tr, n in reversed(SEQUENCE)]  # ends elsewhere
+    both = d4pg.NStepWindows(2, n=3, gamma=0.5, obs_dim=1, act_dim=1)
+    out = []
+    for (s0, r0, t0, u0, n0), (s1, r1, t1, u1, n1) in zip(SEQUENCE, other):
+        out += rows(both.add(np.array([[s0], [s1]], np.float32), np.array([[s0 / 100], [s1 / 100]], np.float32),
+                             np.array([r0, r1]), np.array([t0, t1]), np.array([u0, u1]), np.array([[n0], [n1]], np.float32)))
+    alone = collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), SEQUENCE) + collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), other)
+    assert sorted(out) == sorted(alone)
+
+
+class CountingEnv(gym.Env):
+    """obs = steps taken in the episode, reward = that count; optional termination."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, terminate_at=None):
+        self.terminate_at, self.t = terminate_at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.terminate_at is not None and self.t >= self.terminate_at
+        return np.array([self.t], np.float32), float(self.t), terminated, False, {}
+
+
+gym.register("D4pgTestTerminate-v0", entry_point=CountingEnv, kwargs={"terminate_at": 4}, max_episode_steps=100)
+gym.register("D4pgTestTruncate-v0", entry_point=CountingEnv, max_episode_steps=6)
+
+
+@pytest.mark.parametrize("env_id, end, terminal", [("D4pgTestTerminate-v0", 4, True), ("D4pgTestTruncate-v0", 6, False)])
+def test_autoreset_step_never_stored(env_id, end, terminal):
+    """Through the file's own vector env: no transition starts at a final state or spans episodes."""
+    n, gamma = 3, 0.9
+    envs = d4pg.make_envs(env_id, 2)
+    windows = d4pg.NStepWindows(2, n, gamma, 1, 1)
+    obs, _ = envs.reset(seed=0)
+    got = []
+    for _ in range(3 * end + 2):
+        actions = np.zeros((2, 1), np.float32)
+        next_obs, rewards, terminated, truncated, infos = envs.step(d4pg.scale_action(actions, -1, 1))
+        got += rows(windows.add(obs, actions, rewards, terminated, truncated, d4pg.final_observations(next_obs, infos)))
+        obs = next_obs
+    envs.close()
+    assert len(got) == 2 * 3 * end  # three whole episodes per env, the last 2 steps still pending
+    for s, _, R, discount, s_next in got:
+        t0 = int(s)
+        assert 0 <= t0 < end  # the final state never starts a transition (NEXT_STEP's reset step would)
+        assert s_next == min(t0 + n, end)  # the real final observation, not the reset one
+        m = int(s_next) - t0
+        assert R == pytest.approx(sum(gamma**k * (t0 + k + 1) for k in range(m)), rel=1e-6)
+        cut = terminal and s_next == end
+        assert discount == pytest.approx(0.0 if cut else gamma**m, rel=1e-6)
+
+
+# ---------------------------------------------------------------- prioritised replay
+def filled_buffer(size, capacity, alpha, priorities):
+    buf = d4pg.ReplayBuffer(capacity, 1, 1, prioritized=True, alpha=alpha)
+    buf.add({"obs": np.arange(size, dtype=np.float32)[:, None], "actions": np.zeros((size, 1), np.float32),
+             "returns": np.zeros(size, np.float32), "discounts": np.ones(size, np.float32),
+             "next_obs": np.zeros((size, 1), np.float32)})
+    buf.update_priorities(np.arange(size), priorities)
+    return buf
+
+
+def check_tree(tree):
+    for i in range(1, tree.leaves):
+        assert tree.nodes[i] == pytest.approx(tree.nodes[2 * i] + tree.nodes[2 * i + 1], rel=1e-12)
+
+
+def test_prioritized_probabilities_and_weights():
+    rng = np.random.default_rng(1)
+    size, alpha, beta = 7, 0.6, 0.5
+    p = rng.uniform(0.1, 5.0, size)
+    buf = filled_buffer(size, 10, alpha, p)  # capacity 10: 16 leaves, 9 of them empty
+    P = (p + 1e-6) ** alpha / ((p + 1e-6) ** alpha).sum()
+    idx, batch, weights = buf.sample(200_000, beta, rng)
+    assert idx.max() < size and np.array_equal(batch["obs"][:, 0], idx.astype(np.float32))
+    np.testing.assert_allclose(np.bincount(idx, minlength=size) / len(idx), P, atol=2e-3)
+    w = (size * P[idx]) ** -beta
+    np.testing.assert_allclose(weights, w / w.max(), rtol=1e-5)
+    # equal priorities and a batch of N: stratified sampling draws every transition exactly once
+    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng)
+    assert sorted(idx) == list(range(8)) and np.allclose(weights, 1.0)
+
+
+def test_priority_updates():
+    alpha = 0.7
+    buf = filled_buffer(5, 6, alpha, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    buf.update_priorities(np.array([0, 3, 0]), np.array([9.0, 0.5, 7.0]))  # a repeated index keeps its last value
+    leaves = buf.tree.nodes[buf.tree.leaves : buf.tree.leaves + 5]
+    np.testing.assert_allclose(leaves, (np.array([7.0, 2.0, 3.0, 0.5, 5.0]) + 1e-6) ** alpha)
+    check_tree(buf.tree)
+    assert buf.tree.total == pytest.approx(leaves.sum())
+    assert buf.max_priority == pytest.approx(9.0 + 1e-6)
+    # new transitions enter at the largest priority so far; the ring overwrites the oldest slot
+    buf.add({k: v[:2] for k, v in filled_buffer(2, 2, alpha, np.ones(2)).data.items()})
+    assert buf.size == 6 and buf.pos == 1
+    np.testing.assert_allclose(buf.tree.nodes[buf.tree.leaves + np.array([5, 0])], (9.0 + 1e-6) ** alpha)
+    check_tree(buf.tree)
+    state = buf.state_dict()  # and the priorities survive a checkpoint
+    restored = d4pg.ReplayBuffer(6, 1, 1, prioritized=True, alpha=alpha)
+    restored.load_state_dict(state)
+    np.testing.assert_array_equal(restored.tree.nodes, buf.tree.nodes)
+    assert restored.sample(4, 0.4, np.random.default_rng(3))[0].tolist() == buf.sample(4, 0.4, np.random.default_rng(3))[0].tolist()
+
+
+# ---------------------------------------------------------------- bad input (in process: same message, no subprocess)
+def error_of(**kwargs) -> str:
+    with pytest.raises(SystemExit) as e:
+        d4pg.train(d4pg.Args(**kwargs))
+    message = str(e.value.code)
+    assert message.startswith("d4pg.py: error:") and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"env_id": "CartPole-v1"}, "ppg.py"),
+    ({"env_id": "CarRacing-v3"}, "ppo_atari.py or dqn_atari.py"),
+    ({"batch_size": 0}, "--batch-size"),
+    ({"buffer_size": 10, "batch_size": 32}, "--buffer-size"),
+    ({"v_min": 5.0, "v_max": 5.0}, "--v-min"),
+    ({"n_step": 0}, "--n-step"),
+    ({"num_atoms": 1}, "--num-atoms"),
+    ({"gamma": 1.5}, "--gamma"),
+    ({"per_beta": 2.0}, "--per-beta"),
+    ({"updates_per_step": 0.0}, "--updates-per-step"),
+    ({"device": "tpu"}, "--device"),
+    ({"eval_only": True}, "--checkpoint"),
+    ({"resume": "/nonexistent/latest.pt"}, "does not exist"),
+])
+def test_bad_input_messages(kwargs, fragment):
+    assert fragment in error_of(**kwargs)
+
+
+def test_refuses_foreign_and_incompatible_checkpoints(tmp_path):
+    other = tmp_path / "naf.pt"
+    torch.save({"algo": "naf", "args": {}}, other)
+    assert "'naf', not d4pg" in error_of(resume=str(other))
+    mine = tmp_path / "d4pg.pt"
+    torch.save({"algo": "d4pg", "args": asdict(d4pg.Args(num_atoms=11))}, mine)
+    assert "--num-atoms 11" in error_of(resume=str(mine))
+    torch.save({"algo": "d4pg", "args": asdict(d4pg.Args(env_id="HalfCheetah-v5"))}, mine)
+    assert "--env-id HalfCheetah-v5" in error_of(resume=str(mine))
+
+
+def test_bad_input_by_subprocess(tmp_path):
+    check_error(run_script("d4pg.py", "--env-id", "NoSuchEnv-v0"), "NoSuchEnv-v0", "Pendulum-v1")
+    corrupt = tmp_path / "latest.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    check_error(run_script("d4pg.py", "--resume", str(corrupt)), "corrupt")
+    assert not Path("runs").exists() or not any(Path("runs").glob("NoSuchEnv*"))
+
+
+# ---------------------------------------------------------------- tiny runs
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.slow
+def test_copy_alone_run_outputs_and_eval_only(tmp_path):
+    script = copy_alone("d4pg.py", tmp_path)
+    proc = run_script(script, *TINY, "--run-dir", "run", cwd=tmp_path)
+    check_ok(proc)
+    run = tmp_path / "run"
+    s = summary(run)
+    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
+                "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
+        assert key in s
+    assert s["script"] == "d4pg.py" and s["global_step"] == 600 and s["eval_episodes"] == 1
+    assert json.loads((run / "config.json").read_text())["total_steps"] == 600
+    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+                "losses/critic_loss", "losses/actor_loss"):
+        assert scalars(run, tag), tag
+    assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 600]
+    assert scalars(run, "eval/episodic_return")[-1][1] == pytest.approx(s["eval_mean"])
+    ckpt = load(run / "checkpoints" / "latest.pt")
+    assert ckpt["algo"] == "d4pg" and ckpt["global_step"] == 600 and ckpt["num_updates"] == 401  # one update per step from step 200
+    assert ckpt["buffer"]["size"] == 600 and ckpt["windows"]["count"].tolist() == [0]  # 3 whole episodes of 200
+
+    proc = run_script(script, "--eval-only", "--checkpoint", str(run / "checkpoints" / "latest.pt"),
+                      "--eval-episodes", "1", "--capture-video", cwd=tmp_path)
+    check_ok(proc)
+    result = json.loads((run / "eval.json").read_text())
+    assert result["eval_mean"] == pytest.approx(s["eval_mean"])  # same seeds, same deterministic actor
+    assert list((run / "videos").glob("*.mp4"))
+
+
+@pytest.mark.slow
+def test_resume_continues_buffer_steps_and_curve(tmp_path):
+    run = tmp_path / "run"
+    args = [*TINY, "--num-envs", "2", "--run-dir", str(run)]
+    check_ok(run_script("d4pg.py", *args[2:], "--total-steps", "500"))
+    first = tmp_path / "first.pt"
+    shutil.copy(run / "checkpoints" / "latest.pt", first)
+    proc = run_script("d4pg.py", *args[2:], "--total-steps", "1000", "--resume", str(first))
+    check_ok(proc)
+    a, b = load(first), load(run / "checkpoints" / "latest.pt")
+    assert summary(run)["global_step"] == b["global_step"] == 1000 and b["num_updates"] > a["num_updates"]
+    n_a = a["buffer"]["size"]
+    assert n_a == 500 - 2 * 4 and a["windows"]["count"].tolist() == [4, 4]
+    for key in ("obs", "actions", "returns", "discounts", "next_obs"):
+        torch.testing.assert_close(b["buffer"][key][:n_a], a["buffer"][key])  # the same data
+    # then the pending windows, flushed as truncated at the saved last observation
+    flushed = b["buffer"]["obs"][n_a : n_a + 8]
+    torch.testing.assert_close(flushed, a["windows"]["obs"][:, :4].reshape(8, -1))
+    torch.testing.assert_close(b["buffer"]["next_obs"][n_a : n_a + 8], a["last_obs"].repeat_interleave(4, 0))
+    # one curve: the second process's points come after the first's, without duplicates
+    assert [step for step, _ in scalars(run, "charts/episodic_return")] == [400, 400, 900, 900]
+    assert [step for step, _ in scalars(run, "losses/critic_loss")] == [200, 400, 600, 800, 1000]
+    assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 500, 800, 1000]
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        check_ok(run_script("d4pg.py", *TINY, "--prioritized", "--num-envs", "2", "--run-dir", str(tmp_path / name)))
+        runs.append(tmp_path / name)
+    losses = [scalars(r, "losses/critic_loss") for r in runs]
+    assert losses[0] and losses[0] == losses[1]
+    assert summary(runs[0])["eval_returns"] == summary(runs[1])["eval_returns"]
+    prio = [load(r / "checkpoints" / "latest.pt")["buffer"]["priorities"] for r in runs]
+    assert len(prio[0]) == 600 - 2 * 4 and torch.equal(prio[0], prio[1]) and prio[0].std() > 0
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ALGOS / "d4pg.py"), *TINY, "--total-steps", "1000000",
+                             "--checkpoint-interval", "100", "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while not (run / "checkpoints" / "latest.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # the loop is running once the first periodic checkpoint exists
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM" in out and not (run / "summary.json").exists()
+    step = load(run / "checkpoints" / "latest.pt")["global_step"]
+    assert 100 <= step < 1_000_000 and f"step {step:,}" in out
