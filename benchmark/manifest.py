@@ -98,7 +98,7 @@ REFERENCE_KEYS = {"name", "score", "source", "note"}
 RESERVED_FLAGS = {"total-steps", "seed", "run-dir", "env-id"}
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -122,11 +122,11 @@ class _Table:
         ok = {
             "str": isinstance(value, str) and value != "",
             "int": isinstance(value, int) and not isinstance(value, bool),
-            "number": _is_number(value),
+            "number": is_number(value),
             "bool": isinstance(value, bool),
             "table": isinstance(value, dict),
             "list": isinstance(value, list),
-            "score": isinstance(value, str) or _is_number(value),
+            "score": isinstance(value, str) or is_number(value),
         }[kind]
         if ok and positive and not value > 0:
             ok, kind = False, f"positive {kind}"

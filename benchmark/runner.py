@@ -9,6 +9,7 @@ directory plus the runner's `benchmark.log` (the run's stdout and stderr) and `r
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .aggregate import crossing_step
-from .manifest import ArgValue, Mode, Preset, ZooError
+from .manifest import ArgValue, Mode, Preset, ZooError, is_number
 
 SUMMARY_KEYS = ("script", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
                 "wall_time_s", "sps", "peak_rss_mb")
@@ -37,8 +38,19 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _finite(data: Any) -> Any:
+    """NaN and infinities as null, so that the files stay strict JSON."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
 def write_json(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
+    write_atomic(path, json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,8 @@ def make_record(job: Job, result: dict[str, Any], command: list[str]) -> dict[st
         missing = [k for k in SUMMARY_KEYS if k not in summary]
         if missing:
             problems.append(f"summary.json lacks {', '.join(missing)}")
+        elif not is_number(summary["eval_mean"]):
+            problems.append(f"summary.json eval_mean is {summary['eval_mean']!r}, not a finite number")
     elif not problems:
         problems.append("no summary.json")
     curves_tags = sorted({*job.required_tags, "charts/episodic_return", "eval/episodic_return"})
@@ -202,7 +216,7 @@ def make_record(job: Job, result: dict[str, Any], command: list[str]) -> dict[st
         "preset": preset.name, "algo": preset.algo, "env_id": preset.env_id, "seed": job.seed,
         "total_steps": job.total_steps, "status": "failed" if problems else "ok",
         "reason": "; ".join(problems), "command": command, **result,
-        "summary": {k: summary[k] for k in summary if not isinstance(summary[k], (dict, list))}
+        "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
                    | {"eval_returns": summary.get("eval_returns", [])},
         "crossing_step": None if preset.curve_threshold is None else crossing_step(
             curves["charts/episodic_return"], preset.curve_threshold, preset.curve_window),

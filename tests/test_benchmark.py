@@ -37,7 +37,7 @@ FAKE = textwrap.dedent('''
     p.add_argument("--run-dir", required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--total-steps", type=int, required=True)
-    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval"])
+    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval"])
     p.add_argument("--score", type=float, default=100.0)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--layers", type=int, nargs="+", default=[64])
@@ -57,7 +57,7 @@ FAKE = textwrap.dedent('''
     for i in range(1, 21):
         log("charts/episodic_return", args.score * i / 20, i * args.total_steps // 20)
     log("charts/SPS", 1000.0, args.total_steps)
-    final = args.score + args.seed
+    final = float("nan") if args.behaviour == "nan-eval" else args.score + args.seed
     if args.behaviour != "no-eval":
         log("eval/episodic_return", final, args.total_steps)
     writer.close()
@@ -181,7 +181,8 @@ def test_smoke_records_crash_and_timeout_and_goes_on(tmp_path: Path, zoo, capsys
     args = zoo(preset_toml("good", args='fast = true, layers = [3, 4]'),
                preset_toml("crash", args='behaviour = "crash"'),
                preset_toml("slow", args='behaviour = "sleep"', timeout=3),
-               preset_toml("no-eval", args='behaviour = "no-eval"'))
+               preset_toml("no-eval", args='behaviour = "no-eval"'),
+               preset_toml("nan", args='behaviour = "nan-eval"'))
     assert main(["smoke", *args, "--name", "s", "--workers", "2"]) == 1
     good = record(tmp_path, "s", "good")
     assert good["status"] == "ok", good
@@ -196,6 +197,7 @@ def test_smoke_records_crash_and_timeout_and_goes_on(tmp_path: Path, zoo, capsys
     assert "fake run Fake-v0 1" in slow["log_tail"]
     no_eval = record(tmp_path, "s", "no-eval")
     assert no_eval["status"] == "failed" and "eval/episodic_return" in no_eval["reason"]
+    assert "eval_mean is nan, not a finite number" in record(tmp_path, "s", "nan")["reason"]
     report = (tmp_path / "runs/s/report.md").read_text()
     assert "deliberate crash" in report and "## Failed runs" in report
     out = capsys.readouterr().out
