@@ -54,15 +54,15 @@ Implementation details:
 11. Evaluation: the deterministic actor without noise, on a separate env, episode i seeded
     `seed + 10_000 + i`.
 Deviations from the paper / Acme, all for a 20k-step Pendulum budget (the zoo preset):
- a. Adam 1e-3 for actor and critic (Acme 1e-4): 1e-4 needs far more than 20k updates.
+ a. Adam 1e-3 for actor and critic (Acme 1e-4, set for runs of millions of steps), as TD3 uses.
  b. Soft target updates with tau = 0.005 (Acme copies every 100 updates); same effect, smoother.
  c. Two hidden layers of 256 for both nets (Acme: 256x3 actor, 512-512-256 critic), and no
-    gradient clipping (Acme clips at 40): Pendulum does not need more, and it is 3x faster.
+    gradient clipping (Acme clips at 40): Pendulum needs no more, and updates are cheaper.
  d. Uniform random actions for the first `--learning-starts` steps (SB3/CleanRL practice; Acme
     acts with the untrained policy plus noise), which spreads the first data.
  e. Support [-1600, 0]: Pendulum rewards lie in [-16.3, 0], and time limits bootstrap, so
-    returns lie in [-16.3 / (1 - gamma), 0] = [-1630, 0]; a trained agent sees about [-400, 0].
-    For other tasks set --v-min/--v-max (e.g. HalfCheetah: rewards up to ~+12 per step).
+    values lie in [-16.3 / (1 - gamma), 0] = [-1630, 0]; a trained agent sees about [-400, 0].
+    Other tasks need their own: HalfCheetah (about +12 per step at best): --v-min -500 --v-max 1500.
 
 Usage: python algos/d4pg.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """

@@ -283,8 +283,10 @@ def load(path):
 @pytest.mark.slow
 def test_copy_alone_run_outputs_and_eval_only(tmp_path):
     script = copy_alone("d4pg.py", tmp_path)
-    proc = run_script(script, *TINY, "--run-dir", "run", cwd=tmp_path)
+    proc = run_script(script, *TINY, "--run-dir", "run", "--v-min", "-100", cwd=tmp_path)
     check_ok(proc)
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "outside the critic support [-100, 0]" in warnings[0]  # once, three episodes
     run = tmp_path / "run"
     s = summary(run)
     for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
@@ -318,6 +320,7 @@ def test_resume_continues_buffer_steps_and_curve(tmp_path):
     shutil.copy(run / "checkpoints" / "latest.pt", first)
     proc = run_script("d4pg.py", *args[2:], "--total-steps", "1000", "--resume", str(first))
     check_ok(proc)
+    assert "warning" not in proc.stderr  # Pendulum's returns lie inside the default support
     a, b = load(first), load(run / "checkpoints" / "latest.pt")
     assert summary(run)["global_step"] == b["global_step"] == 1000 and b["num_updates"] > a["num_updates"]
     n_a = a["buffer"]["size"]
