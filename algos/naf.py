@@ -9,7 +9,7 @@ NAF restricts the advantage to a concave quadratic in u, centred on a learned ac
 Then the greedy action is mu(x) and max_u Q(x, u) = V(x), both read off one network: the
 policy needs no separate actor, and the only loss is the TD error of Q.
 
-Equations (paper, Eq. 4 and Section 4):
+Equations (paper, Section 4):
     Q(x, u) = V(x) + A(x, u)
     A(x, u) = -1/2 (u - mu(x))^T P(x) (u - mu(x)),   P(x) = L(x) L(x)^T
     L(x)    lower-triangular, its entries a linear output of the network, diagonal
@@ -22,9 +22,9 @@ Implementation details:
    mu (|A| values through tanh, so mu lies in [-1, 1]^|A|) and the |A|(|A|+1)/2 entries of L.
 2. The network acts in [-1, 1]^|A|; `scale_action` is the one place that maps to the
    environment's bounds. Exploration noise is added in [-1, 1] space and clipped there.
-3. Exploration: Gaussian N(0, noise_scale^2) per step, or Ornstein-Uhlenbeck (the paper's
-   choice, theta = 0.15, sigma = noise_scale) whose state resets when that env's episode
-   ends. Uniform random actions for the first `learning_starts` steps.
+3. Exploration (the paper's random process N): Gaussian N(0, noise_scale^2) per step, or
+   Ornstein-Uhlenbeck (as in DDPG, theta = 0.15, sigma = noise_scale) whose state resets
+   when that env's episode ends. Uniform random actions for the first `learning_starts` steps.
 4. The target masks the bootstrap with `terminated` only: a time-limit truncation keeps
    gamma V'(x') of the real final observation, which Gymnasium's NEXT_STEP autoreset
    returns at the step the episode ends.
@@ -42,13 +42,13 @@ Implementation details:
    save a checkpoint and exit 0 without summary.json (summary.json means "finished").
 
 Deviations from the paper and public ports, for Pendulum-v1 in 20k steps:
-a. tau = 0.005 (paper/ports 1e-3): with 1e-3 the target trails the network by ~1000
-   updates, too slow to propagate Pendulum's values in a 20k-step budget.
+a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
+   updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
-   plain ReLU layers are deterministic per sample and were stable in our runs.
-c. Gaussian noise 0.2 by default (paper: OU); `--noise ou` restores the paper's process.
-d. Gradient-norm clipping at 10 (not in the paper) keeps early large TD errors (Pendulum
-   returns reach -1600) from blowing up the exponentiated diagonal of L.
+   per-sample ReLU layers keep acting and evaluation independent of the batch.
+c. Gaussian noise 0.2 by default (TD3-style; ports use OU, `--noise ou`).
+d. Gradient-norm clipping at 10 (not in the paper), a safeguard: early TD errors on
+   Pendulum are large (returns near -1600) and exp on the diagonal of L amplifies big steps.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
@@ -168,8 +168,8 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------- environment
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """gym.make with unknown ids and unsupported spaces turned into one-line errors."""
-    if env_id.startswith("ALE/"):
-        try:
+    if env_id not in gym.registry:
+        try:  # Atari ids register only once ale_py is imported
             import ale_py
 
             gym.register_envs(ale_py)
@@ -179,19 +179,18 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
     except Exception as e:  # unknown id, missing entry-point module, missing dependency
         raise fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]}); check the id with gymnasium.pprint_registry()")
-    obs_space, act_space = env.observation_space, env.action_space
+    obs_space, act_space, problem = env.observation_space, env.action_space, None
     if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) > 1:
+        problem = f"has image observations {obs_space.shape}; use ppo_atari.py or dqn_atari.py"
+    elif isinstance(act_space, gym.spaces.Discrete):
+        problem = "has a discrete action space; NAF needs Box actions, use ppg.py"
+    elif not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
+        problem = f"has {type(obs_space).__name__} observations and {type(act_space).__name__} actions; naf.py needs flat Box ones"
+    elif not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        problem = "has unbounded actions; naf.py needs finite action bounds to scale [-1, 1] onto"
+    if problem:
         env.close()
-        raise fail(f"{env_id} has image observations {obs_space.shape}; use ppo_atari.py or dqn_atari.py")
-    if isinstance(act_space, gym.spaces.Discrete):
-        env.close()
-        raise fail(f"{env_id} has a discrete action space; NAF needs Box actions, use ppg.py")
-    if not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
-        env.close()
-        raise fail(f"{env_id} has {type(obs_space).__name__} observations and {type(act_space).__name__} actions; naf.py needs flat Box observations and Box actions")
-    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-        env.close()
-        raise fail(f"{env_id} has unbounded actions; naf.py needs finite action bounds")
+        raise fail(f"{env_id} {problem}")
     return env
 
 
@@ -253,12 +252,14 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
     return r + gamma * (1.0 - terminated) * V_next
 
 
-def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float):
+    """Returns the TD loss mean (y - Q(x, u))^2 and Q(x, u) (detached, for logging)."""
     with torch.no_grad():
         V_next, _, _ = target_net(batch["next_obs"])
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
     V, mu, L = net(batch["obs"])
-    return F.mse_loss(q_value(V, mu, L, batch["actions"]), y)
+    q = q_value(V, mu, L, batch["actions"])
+    return F.mse_loss(q, y), q.detach()
 
 
 @torch.no_grad()
@@ -429,6 +430,12 @@ def train(args: Args) -> None:
     check_args(args)
     if args.eval_only:
         return eval_only(args)
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            raise fail("--track needs the wandb package; pip install wandb or drop --track")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on CUDA
     device = pick_device(args.device)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -465,10 +472,6 @@ def train(args: Args) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", asdict(args))
     if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise fail("--track needs the wandb package; pip install wandb or drop --track")
         wandb.init(project=args.wandb_project_name, config=asdict(args), sync_tensorboard=True, dir=str(run_dir),
                    name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
     # Everything logged at the checkpoint's step was logged before it was saved: keep it.
@@ -518,7 +521,7 @@ def train(args: Args) -> None:
 
         if global_step >= args.learning_starts and rb.size >= args.batch_size:
             for _ in range(args.updates_per_step * args.num_envs):
-                loss = naf_loss(net, target_net, rb.sample(args.batch_size, rng, device), args.gamma)
+                loss, batch_q = naf_loss(net, target_net, rb.sample(args.batch_size, rng, device), args.gamma)
                 if not torch.isfinite(loss):
                     raise fail(f"non-finite loss at step {global_step}; the last good checkpoint is kept, lower --learning-rate")
                 optimizer.zero_grad()
@@ -529,9 +532,10 @@ def train(args: Args) -> None:
                 num_updates += 1
             if global_step // 100 != prev_step // 100:  # log every 100 env steps, as CleanRL
                 writer.add_scalar("losses/td_loss", loss.item(), global_step)
-                sps = int((global_step - start_step) / (time.time() - start_time))
-                writer.add_scalar("charts/SPS", sps, global_step)
-                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+                writer.add_scalar("losses/q_values", batch_q.mean().item(), global_step)
+        if global_step // 1000 != prev_step // 1000:
+            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
+            writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
 
         if args.eval_interval and global_step // args.eval_interval != prev_step // args.eval_interval and global_step < args.total_steps:
             run_eval()
