@@ -1,0 +1,305 @@
+"""Tests of algos/ppo_atari.py: GAE with truncation and life loss against hand-computed values and
+a per-step loop, the env-id protocol, tiny subprocess runs (outputs, copy-alone, resume,
+determinism, eval-only with video, SIGTERM), and every bad-input message."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+
+SCRIPT = "ppo_atari.py"
+TINY = ("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
+        "--eval-episodes", "1", "--max-episode-frames", "2000")
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("ppo_atari", ALGOS / SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ppo_atari"] = module  # dataclasses resolve string annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+ppo = load_module()
+
+
+# ------------------------------------------------------------------ math
+def t(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_gae_hand_computed_with_life_loss_and_truncation():
+    # gamma = lambda = 0.5. Env 0: life loss at t=1 (terminal), time limit at t=2 with
+    # V(final obs) = 10. Env 1: no episode end.
+    rewards = t([[1, 0], [0, 0], [1, 0], [1, 1]])
+    values = t([[1, 0], [2, 0], [3, 0], [4, 0]])
+    next_value = t([5, 2])
+    terminals = t([[0, 0], [1, 0], [0, 0], [0, 0]])
+    truncations = t([[0, 0], [0, 0], [1, 0], [0, 0]])
+    trunc_values = t([[0, 0], [0, 0], [10, 0], [0, 0]])
+    adv, ret = ppo.gae(rewards, values, next_value, terminals, truncations, trunc_values, 0.5, 0.5)
+    # env 0, backwards: d3 = 1 + .5*5 - 4 = -.5; d2 = 1 + .5*10 - 3 = 3 (bootstrap from the final
+    # obs, chain cut); d1 = 0 - 2 = -2 (no bootstrap, chain cut); A0 = (1 + .5*2 - 1) + .25*A1 = .5
+    # env 1: d3 = 1 + .5*2 = 2, then A_t = .25 A_{t+1}
+    expected = t([[0.5, 0.03125], [-2, 0.125], [3, 0.5], [-0.5, 2]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected + values)
+
+
+def gae_loop(r, v, nv, term, trunc, tv, gamma, lam):
+    """Independent per-element reference: one env, one step at a time, python floats."""
+    T, N = len(r), len(r[0])
+    adv = [[0.0] * N for _ in range(T)]
+    for n in range(N):
+        running = 0.0
+        for i in reversed(range(T)):
+            if term[i][n]:
+                target, running = r[i][n], 0.0
+            elif trunc[i][n]:
+                target, running = r[i][n] + gamma * tv[i][n], 0.0
+            else:
+                target = r[i][n] + gamma * (v[i + 1][n] if i + 1 < T else nv[n])
+            running = target - v[i][n] + gamma * lam * running
+            adv[i][n] = running
+    return adv
+
+
+def test_gae_matches_per_step_loop():
+    g = torch.Generator().manual_seed(0)
+    T, N = 37, 5
+    r, v, tv = torch.randn(T, N, generator=g), torch.randn(T, N, generator=g), torch.randn(T, N, generator=g)
+    nv = torch.randn(N, generator=g)
+    term = (torch.rand(T, N, generator=g) < 0.1).float()
+    trunc = (torch.rand(T, N, generator=g) < 0.1).float() * (1 - term)
+    adv, _ = ppo.gae(r, v, nv, term, trunc, tv, 0.99, 0.95)
+    ref = gae_loop(r.tolist(), v.tolist(), nv.tolist(), term.tolist(), trunc.tolist(), tv.tolist(), 0.99, 0.95)
+    torch.testing.assert_close(adv, torch.tensor(ref), rtol=1e-5, atol=1e-5)
+
+
+def test_learning_flags():
+    term = np.array([False, False, True, False, True])
+    trunc = np.array([False, False, False, True, True])
+    lives = np.array([3, 2, 5, 5, 5])  # env 2-4 ended: lives are the reset game's
+    prev = np.array([3, 3, 1, 2, 1])
+    terminal, cut = ppo.learning_flags(term, trunc, lives, prev)
+    assert terminal.tolist() == [False, True, True, False, True]  # life loss, game over, both
+    assert cut.tolist() == [False, False, False, True, False]  # game over beats the time limit
+
+
+def test_ppo_losses_clip():
+    adv = t([1.0, -1.0, 1.0])
+    old = torch.zeros(3)
+    new = torch.log(t([1.5, 0.5, 1.0]))  # ratios 1.5 (clipped to 1.1), 0.5 (clipped to 0.9), 1
+    values, old_values, returns = t([2.0, 0.0, 0.0]), t([0.0, 0.0, 0.0]), t([0.0, 0.0, 1.0])
+    pg, vl, kl, clipfrac = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, True)
+    # -min(r A, clip(r) A): -1.1, +0.9, -1.0
+    assert pg.item() == pytest.approx((-1.1 + 0.9 - 1.0) / 3)
+    # clipped value loss takes the max: (2-0)^2 vs (0.1-0)^2 -> 4; 0; (0-1)^2 vs (0-1)^2 -> 1
+    assert vl.item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
+    assert clipfrac.item() == pytest.approx(2 / 3)
+    _, vl_plain, _, _ = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, False)
+    assert vl_plain.item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
+    _, vl_c, _, _ = ppo.ppo_losses(new, old, adv, t([0.5, 0, 0]), old_values, t([1.0, 0, 0]), 0.1, True)
+    assert vl_c.item() == pytest.approx(0.5 * 0.81 / 3)  # (0.1 - 1)^2 > (0.5 - 1)^2
+
+
+@pytest.mark.parametrize("env_id, game, sticky", [
+    ("BreakoutNoFrameskip-v4", "breakout", 0.0), ("ALE/Breakout-v5", "breakout", 0.25),
+    ("MsPacmanNoFrameskip-v4", "ms_pacman", 0.0), ("ALE/BeamRider-v5", "beam_rider", 0.25),
+])
+def test_atari_protocol(env_id, game, sticky):
+    assert ppo.atari_protocol(env_id) == (game, sticky)
+
+
+@pytest.mark.parametrize("env_id, fragment", [
+    ("CartPole-v1", "ppg.py"), ("Pendulum-v1", "d4pg.py"), ("Breakout-ram-v4", "RAM"),
+    ("Breakout-v4", "BreakoutNoFrameskip-v4 or ALE/Breakout-v5"), ("FooBarNoFrameskip-v4", "unknown Atari game"),
+    ("NotAnEnv-v0", "unknown environment id"),
+])
+def test_atari_protocol_refuses(env_id, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        ppo.atari_protocol(env_id)
+
+
+# ------------------------------------------------------------------ bad input, in process (fast)
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(num_envs=3, num_steps=5, num_minibatches=4), "not divisible by --num-minibatches"),
+    (dict(total_steps=100), "less than one rollout"),
+    (dict(num_envs=0), "--num-envs must be positive"),
+    (dict(num_minibatches=0), "--num-minibatches must be positive"),
+    (dict(update_epochs=0), "--update-epochs must be positive"),
+    (dict(learning_rate=-1.0), "--learning-rate must be positive"),
+    (dict(clip_coef=0.0), "--clip-coef must be positive"),
+    (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
+    (dict(gamma=1.5), "--gamma must be in [0, 1]"),
+    (dict(gae_lambda=-0.1), "--gae-lambda must be in [0, 1]"),
+    (dict(eval_episodes=-1), "--eval-episodes must be >= 0"),
+    (dict(checkpoint_interval=-5), "--checkpoint-interval must be >= 0"),
+    (dict(eval_only=True), "--eval-only needs --checkpoint"),
+    (dict(env_id="CartPole-v1"), "use ppg.py"),
+    (dict(env_id="Pendulum-v1"), "use d4pg.py, naf.py or rlpd.py"),
+    (dict(resume="/nonexistent/latest.pt"), "does not exist"),
+])
+def test_bad_args_in_process(kwargs, fragment, tmp_path):
+    args = ppo.Args(**{"run_dir": str(tmp_path / "r"), **kwargs})
+    with pytest.raises(SystemExit) as info:
+        ppo.train(args)
+    message = str(info.value.code)
+    assert message.startswith("ppo_atari.py: error:") and fragment in message, message
+    assert not (tmp_path / "r").exists()  # nothing half-written
+
+
+@pytest.mark.slow
+def test_checkpoint_mismatch_in_process(base_run, tmp_path):
+    ckpt = str(base_run[0] / "checkpoints" / "latest.pt")
+    with pytest.raises(SystemExit, match="is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"):
+        ppo.train(ppo.Args(resume=ckpt, env_id="ALE/Pong-v5"))
+    with pytest.raises(SystemExit, match="--num-envs 4 differs from the checkpoint's 2"):
+        ppo.train(ppo.Args(resume=ckpt, num_envs=4, num_steps=32))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="checks the message without wandb")
+def test_track_without_wandb_in_process(tmp_path):
+    with pytest.raises(SystemExit, match="--track needs wandb"):
+        ppo.train(ppo.Args(track=True, run_dir=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_missing_in_process():
+    with pytest.raises(SystemExit, match="CUDA is not available"):
+        ppo.train(ppo.Args(device="cuda"))
+
+
+# ------------------------------------------------------------------ end-to-end, by subprocess
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("base") / "run"
+    proc = run_script(SCRIPT, *TINY, "--total-steps", "256", "--checkpoint-interval", "128", "--run-dir", str(run_dir))
+    check_ok(proc)
+    return run_dir, proc
+
+
+@pytest.mark.slow
+def test_run_outputs(base_run):
+    run_dir, proc = base_run
+    assert "step 256/256" in proc.stdout
+    s = summary(run_dir)
+    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
+                "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
+        assert key in s, key
+    assert s["script"] == SCRIPT and s["algo"] == "ppo_atari" and s["global_step"] == 256 and s["eval_episodes"] == 1
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["num_envs"] == 2 and config["repeat_action_probability"] == 0.0
+    for tag in ("charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
+                "losses/approx_kl", "losses/clipfrac", "eval/episodic_return"):
+        assert scalars(run_dir, tag), tag
+    assert [step for step, _ in scalars(run_dir, "losses/value_loss")] == [64, 128, 192, 256]
+    lrs = [lr for _, lr in scalars(run_dir, "charts/learning_rate")]
+    assert lrs == pytest.approx([2.5e-4 * (1 - k / 4) for k in range(4)])  # annealed to 0 at the end
+    ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert ckpt["algo"] == "ppo_atari" and ckpt["env_id"] == "BreakoutNoFrameskip-v4" and ckpt["global_step"] == 256
+    assert ckpt["agent"]["actor.weight"].shape == (4, 512)
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(base_run, tmp_path):
+    run_dir, _ = base_run
+    proc = run_script(SCRIPT, *TINY, "--total-steps", "256", "--checkpoint-interval", "128", "--run-dir", str(tmp_path / "b"))
+    check_ok(proc)
+    for tag in ("losses/value_loss", "losses/policy_loss", "losses/entropy", "charts/episodic_return"):
+        assert scalars(run_dir, tag) == scalars(tmp_path / "b", tag), tag
+    assert summary(run_dir)["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
+    other = run_script(SCRIPT, *TINY, "--total-steps", "64", "--seed", "2", "--run-dir", str(tmp_path / "c"))
+    check_ok(other)
+    assert scalars(run_dir, "losses/value_loss")[0] != scalars(tmp_path / "c", "losses/value_loss")[0]
+
+
+@pytest.mark.slow
+def test_resume_continues_step_count_and_curve(base_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run[0], run_dir)
+    proc = run_script(SCRIPT, *TINY, "--total-steps", "512", "--resume", str(run_dir / "checkpoints" / "latest.pt"))
+    check_ok(proc)
+    assert summary(run_dir)["global_step"] == 512
+    steps = [step for step, _ in scalars(run_dir, "losses/value_loss")]
+    assert steps == [64 * k for k in range(1, 9)]  # no gap, no duplicate
+    assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [256, 512]
+    # the learning rate continues the schedule of the new total, from step 256
+    lrs = [lr for _, lr in scalars(run_dir, "charts/learning_rate")][4:]
+    assert lrs == pytest.approx([2.5e-4 * (1 - k / 8) for k in range(4, 8)])
+    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 512
+
+
+@pytest.mark.slow
+def test_copied_alone_runs_v5(tmp_path):
+    script = copy_alone(SCRIPT, tmp_path / "alone")
+    proc = run_script(script, *TINY, "--env-id", "ALE/Breakout-v5", "--total-steps", "64", cwd=tmp_path / "alone")
+    check_ok(proc)
+    (run_dir,) = (tmp_path / "alone" / "runs").iterdir()
+    assert run_dir.name.startswith("ALE-Breakout-v5__ppo_atari__1__")
+    assert json.loads((run_dir / "config.json").read_text())["repeat_action_probability"] == 0.25
+    assert summary(run_dir)["env_id"] == "ALE/Breakout-v5"
+
+
+@pytest.mark.slow
+def test_eval_only_with_video(base_run, tmp_path):
+    run_dir, _ = base_run
+    out = tmp_path / "eval"
+    proc = run_script(SCRIPT, "--eval-only", "--checkpoint", str(run_dir / "checkpoints" / "latest.pt"),
+                      "--eval-episodes", "2", "--max-episode-frames", "2000", "--capture-video", "--run-dir", str(out))
+    check_ok(proc)
+    result = json.loads((out / "eval.json").read_text())
+    assert result["global_step"] == 256 and result["eval_episodes"] == 2 and len(result["eval_returns"]) == 2
+    assert "eval BreakoutNoFrameskip-v4 step 256" in proc.stdout
+    videos = list((out / "videos").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ALGOS / SCRIPT), *TINY, "--total-steps", "1000000", "--checkpoint-interval", "0",
+           "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stdout.readline().startswith("step ")  # one iteration done: training is under way
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "interrupted" in out
+    ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert 0 < ckpt["global_step"] < 1_000_000 and ckpt["global_step"] % 64 == 0
+    assert not (run_dir / "summary.json").exists()
+
+
+# ------------------------------------------------------------------ bad input, by subprocess
+@pytest.mark.slow
+def test_cli_errors_are_one_line(base_run, tmp_path):
+    check_error(run_script(SCRIPT, "--env-id", "CartPole-v1"), "ppo_atari.py: error:", "ppg.py")
+    check_error(run_script(SCRIPT, "--num-envs", "3", "--num-steps", "5"), "not divisible by --num-minibatches")
+    foreign = tmp_path / "dqn.pt"
+    torch.save({"algo": "dqn_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "agent": {}, "global_step": 0}, foreign)
+    check_error(run_script(SCRIPT, "--eval-only", "--checkpoint", str(foreign)), "written by dqn_atari")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    check_error(run_script(SCRIPT, "--resume", str(corrupt)), "corrupt")
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_in_one_line(tmp_path):
+    proc = run_script(SCRIPT, *TINY, "--total-steps", "256", "--learning-rate", "1e38", "--no-anneal-lr",
+                      "--eval-episodes", "0", "--run-dir", str(tmp_path / "r"))
+    check_error(proc, "non-finite loss at step 64", "no checkpoint was written")
