@@ -230,7 +230,7 @@ class Agent(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 frames (B, 4, 84, 84) -> policy logits (B, A), values (B,)."""
-        x = obs.to(torch.float32, memory_format=torch.channels_last) / 255.0
+        x = obs.to(torch.float32, memory_format=torch.channels_last).mul_(1.0 / 255.0)  # in place: no 2nd copy
         hidden = self.network(x)
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
@@ -326,7 +326,7 @@ def load_checkpoint(path: str, env_id: Optional[str], device) -> dict:
 
 def restore_rng(rng: dict) -> None:
     random.setstate((3, tuple(rng["python"]), None))
-    np.random.set_state(("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0))
+    np.random.set_state(("MT19937", rng["numpy"].cpu().numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0))
     torch.set_rng_state(rng["torch"].cpu())
 
 
@@ -578,6 +578,7 @@ def train(args: Args) -> None:
             envs.close()
             return
     envs.close()
+    train_time = time.time() - start_time  # SPS of training, without the final evaluation
 
     if args.eval_episodes and eval_step != global_step:
         eval_returns = evaluate(agent, game, sticky, args.eval_episodes, args.seed + 10_000, args.max_episode_frames, device)
@@ -590,7 +591,7 @@ def train(args: Args) -> None:
         "eval_mean": float(np.mean(eval_returns)) if eval_returns else None,
         "eval_std": float(np.std(eval_returns)) if eval_returns else None,
         "eval_episodes": len(eval_returns), "eval_returns": eval_returns, "wall_time_s": wall,
-        "sps": (global_step - start_step) / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "sps": (global_step - start_step) / train_time, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "game": game, "repeat_action_probability": sticky,
     })
     writer.close()
