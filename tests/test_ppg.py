@@ -70,6 +70,34 @@ def test_gae_matches_per_env_loop():
             assert A[t, n].item() == pytest.approx(float(total), abs=1e-5)
 
 
+def test_reward_scale_statistics_match_numpy():
+    rewards = torch.tensor([[1.0, 2.0], [3.0, 0.0], [0.0, 5.0]])
+    dones = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    ret, carry = ppg.discounted_returns(rewards, dones, torch.tensor([10.0, 0.0]), 0.5)
+    # env 0: 1 + 0.5*10 = 6, 3 + 0.5*6 = 6 (done), 0; env 1: 2 (done), 0, 5
+    assert ret.tolist() == [[6.0, 2.0], [6.0, 0.0], [0.0, 5.0]] and carry.tolist() == [0.0, 5.0]
+    xs = [torch.randn(50) * 3 + 1, torch.randn(20) - 2, torch.randn(7) * 10]
+    moments = [0, 0.0, 1.0]
+    for x in xs:
+        moments = ppg.update_moments(moments, x)
+    allx = torch.cat(xs)
+    assert moments[0] == 77
+    assert moments[1] == pytest.approx(allx.mean().item(), rel=1e-5)
+    assert moments[2] == pytest.approx(allx.var(unbiased=False).item(), rel=1e-5)
+
+
+def test_gradient_clipping_keeps_policy_and_value_apart():
+    agent = make_agent("dual")
+    for name, p in agent.named_parameters():  # value side gets a huge gradient
+        p.grad = torch.full_like(p, 1000.0 if name.startswith("v_") else 1e-3)
+    policy_before = {n: p.grad.clone() for n, p in agent.named_parameters() if not n.startswith("v_")}
+    ppg.clip_grads(agent, 0.5)
+    for n, g in policy_before.items():  # small policy gradient untouched
+        assert torch.equal(dict(agent.named_parameters())[n].grad, g)
+    value_norm = torch.stack([p.grad.norm() for n, p in agent.named_parameters() if n.startswith("v_")]).norm()
+    assert value_norm.item() == pytest.approx(0.5, rel=1e-4)
+
+
 def make_agent(arch, seed=0):
     torch.manual_seed(seed)
     return ppg.Agent(4, 3, 16, arch)
@@ -215,7 +243,8 @@ def test_copy_alone_shared_arch(tmp_path):
 
 @pytest.mark.slow
 def test_resume_mid_phase_matches_uninterrupted_run(tmp_path):
-    common = [*TINY, "--no-anneal-lr", "--eval-interval", "0", "--checkpoint-interval", "0"]
+    # --norm-reward: its running statistics must resume too.
+    common = [*TINY, "--no-anneal-lr", "--norm-reward", "--eval-interval", "0", "--checkpoint-interval", "0"]
     full, part = tmp_path / "full", tmp_path / "part"
     check_ok(run_script("ppg.py", "--total-steps", "1024", "--run-dir", str(full), *common))
     check_ok(run_script("ppg.py", "--total-steps", "448", "--run-dir", str(part), *common))
@@ -255,20 +284,42 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_run):
 # ------------------------------------------------------------- bad input
 @pytest.mark.parametrize("args, fragments", [
     (["--env-id", "NoSuchEnv-v9"], ["unknown environment", "NoSuchEnv-v9"]),
-    (["--env-id", "Pendulum-v1"], ["continuous actions", "d4pg.py"]),
-    (["--env-id", "CarRacing-v3"], ["image observations", "ppo_atari.py"]),
-    (["--env-id", "FrozenLake-v1"], ["flat Box"]),
     (["--num-minibatches", "3"], ["--num-minibatches", "does not divide"]),
-    (["--aux-num-minibatches", "3"], ["--aux-num-minibatches", "does not divide"]),
-    (["--total-steps", "100"], ["--total-steps", "below one rollout"]),
-    (["--n-pi", "0"], ["--n-pi"]),
-    (["--e-aux", "-1"], ["--e-aux"]),
-    (["--eval-only"], ["--checkpoint"]),
-    (["--resume", "/nonexistent/latest.pt"], ["does not exist"]),
 ])
-def test_bad_input(args, fragments, tmp_run):
+def test_bad_input_one_line_on_stderr(args, fragments, tmp_run):
     check_error(run_script("ppg.py", "--run-dir", str(tmp_run), *args), *fragments)
-    assert not (tmp_run / "summary.json").exists()
+    assert not tmp_run.exists()
+
+
+def refused(tmp_path, **kwargs) -> str:
+    """The SystemExit message of train(Args(**kwargs)) (in-process: the same code path
+    as the command line, without a torch import per case); nothing may be written."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        ppg.train(ppg.Args(run_dir=str(run_dir), **kwargs))
+    assert not run_dir.exists()
+    message = str(exc.value.code)
+    assert message.startswith("ppg.py: error: ") and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    ({"env_id": "Pendulum-v1"}, ["continuous actions", "d4pg.py", "naf.py", "rlpd.py"]),
+    ({"env_id": "CarRacing-v3"}, ["image observations", "ppo_atari.py"]),
+    ({"env_id": "FrozenLake-v1"}, ["flat Box"]),
+    ({"env_id": "ALE/Pong-v5"}, ["ppo_atari.py"]),
+    ({"aux_num_minibatches": 3}, ["--aux-num-minibatches", "does not divide"]),
+    ({"total_steps": 100}, ["--total-steps", "below one rollout"]),
+    ({"n_pi": 0}, ["--n-pi"]),
+    ({"e_pi": 0}, ["--e-pi"]),
+    ({"e_aux": -1}, ["--e-aux"]),
+    ({"eval_only": True}, ["--checkpoint"]),
+    ({"resume": "/nonexistent/latest.pt"}, ["does not exist"]),
+])
+def test_bad_input(kwargs, fragments, tmp_path):
+    message = refused(tmp_path, **kwargs)
+    for fragment in fragments:
+        assert fragment in message
 
 
 def test_bad_checkpoints(tmp_path):
@@ -277,13 +328,15 @@ def test_bad_checkpoints(tmp_path):
     check_error(run_script("ppg.py", "--resume", str(corrupt)), "corrupt")
     other = tmp_path / "other.pt"
     torch.save({"algo": "dqn", "args": {}}, other)
-    check_error(run_script("ppg.py", "--eval-only", "--checkpoint", str(other)), "dqn")
-    run = tmp_path / "run"
-    check_ok(run_script("ppg.py", "--total-steps", "256", "--eval-interval", "0", "--run-dir", str(run), *TINY))
-    check_error(run_script("ppg.py", "--resume", str(run / "checkpoints" / "latest.pt"), *TINY, "--arch", "shared"),
-                "--arch", "dual")
+    assert "dqn" in refused(tmp_path, eval_only=True, checkpoint=str(other))
+    mine = tmp_path / "mine.pt"
+    torch.save({"algo": "ppg", "args": ppg.asdict(ppg.Args())}, mine)
+    for change, flag in [({"arch": "shared"}, "--arch dual"), ({"num_envs": 4}, "--num-envs 8"),
+                         ({"n_pi": 4}, "--n-pi 8"), ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"),
+                         ({"e_aux": 0}, "--e-aux 6")]:
+        assert flag in refused(tmp_path, resume=str(mine), **change)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
-def test_cuda_requested_without_cuda(tmp_run):
-    check_error(run_script("ppg.py", "--device", "cuda", "--run-dir", str(tmp_run)), "CUDA")
+def test_cuda_requested_without_cuda(tmp_path):
+    assert "CUDA" in refused(tmp_path, device="cuda")
