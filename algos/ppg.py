@@ -714,6 +714,7 @@ def train(args: Args) -> None:
                   f"aux {aux_time / max(train_time, 1e-9):.0%} | eta {eta / 60:.1f}m", flush=True)
 
     save_checkpoint(ckpt_path, checkpoint_state())
+    sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)  # training only, no final eval
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device, video_dir)
     writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
@@ -722,7 +723,7 @@ def train(args: Args) -> None:
         "script": SCRIPT, "algo": "ppg", "env_id": args.env_id, "seed": args.seed, "arch": args.arch,
         "global_step": global_step, "eval_mean": float(np.mean(eval_returns)), "eval_std": float(np.std(eval_returns)),
         "eval_episodes": len(eval_returns), "eval_returns": eval_returns, "wall_time_s": wall,
-        "sps": (global_step - start_step) / max(wall, 1e-9), "aux_phases": aux_phases,
+        "sps": sps, "aux_phases": aux_phases,
         "aux_phase_time_fraction": aux_time / max(train_time, 1e-9),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
     print(f"done: step {global_step:,} | eval {np.mean(eval_returns):.1f} +- {np.std(eval_returns):.1f} | {run_dir}")
