@@ -46,7 +46,9 @@ a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
    per-sample ReLU layers keep acting and evaluation independent of the batch.
-c. Gaussian noise 0.2 by default (TD3-style; ports use OU, `--noise ou`).
+c. OU sigma = 0.3 (DDPG: 0.2). With Gaussian 0.2, one of three Pendulum seeds collapsed
+   (-1480): P -> 0 (exp of a very negative diagonal), so A stopped depending on u and mu,
+   saturated at +-1, got no gradient. OU 0.3 learned all three (-130 to -147).
 d. Gradient-norm clipping at 10 (not in the paper), a safeguard: early TD errors on
    Pendulum are large (returns near -1600) and exp on the diagonal of L amplifies big steps.
 
@@ -130,10 +132,10 @@ class Args:
     """units in each of the two hidden layers"""
     learning_starts: int = 1_000
     """env steps of uniform random actions before learning starts"""
-    noise: Literal["gaussian", "ou"] = "gaussian"
+    noise: Literal["gaussian", "ou"] = "ou"
     """exploration noise process, added to mu(x) in [-1, 1] action space"""
-    noise_scale: float = 0.2
-    """standard deviation of the Gaussian noise / sigma of the OU process"""
+    noise_scale: float = 0.3
+    """sigma of the OU process / standard deviation of the Gaussian noise"""
     updates_per_step: int = 1
     """gradient steps per environment step"""
 

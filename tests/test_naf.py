@@ -193,7 +193,7 @@ def test_autoreset_step_is_not_stored():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("naf") / "run"
-    check_ok(run_script("naf.py", *TINY, "--num-envs", "2", "--noise", "ou", "--run-dir", str(run_dir)))
+    check_ok(run_script("naf.py", *TINY, "--num-envs", "2", "--noise", "gaussian", "--run-dir", str(run_dir)))
     return run_dir
 
 
