@@ -54,9 +54,12 @@ def run_local(jobs: list[Job], cpus: int, on_start: OnStart, on_finish: OnFinish
                 free += need
                 turn.notify_all()
 
+    # Longest budgets first (the time limit is the manifest's size estimate), so that a
+    # sweep does not end with one long run alone on an otherwise idle machine.
+    ordered = sorted(jobs, key=lambda job: -job.timeout_s)
     pool = ThreadPoolExecutor(max_workers=cpus)
     try:
-        for future in as_completed([pool.submit(run, job) for job in jobs]):
+        for future in as_completed([pool.submit(run, job) for job in ordered]):
             on_finish(future.result())  # type: ignore[arg-type]  # None only once cancelled
     except BaseException:
         cancelled.set()
