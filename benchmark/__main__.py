@@ -34,7 +34,8 @@ class Common:
 class Sweep(Common):
     name: str | None = None
     """The sweep's name (default: <subcommand>-<date>-<time>); the same name resumes a sweep,
-    skipping the runs that finished."""
+    skipping the runs that finished and continuing each unfinished run from its
+    checkpoints/latest.pt with --resume (local backend only; without one it starts afresh)."""
     preset: tuple[str, ...] = ()
     """Only these presets (names or shell patterns such as 'naf-*')."""
     algo: tuple[str, ...] = ()
@@ -45,7 +46,8 @@ class Sweep(Common):
     """CPUs to fill: runs at once, each taking its preset's num_cpus (local backend), or the
     CPUs of the local Ray instance (ray backend)."""
     backend: Literal["local", "ray"] = "local"
-    """Local processes, or one Ray task per run."""
+    """Local processes, or one Ray task per run (Ray runs keep no checkpoints, so an unfinished
+    run starts afresh instead of resuming)."""
     ray_address: str | None = None
     """Ray cluster to join (e.g. 'auto' or 'ray://host:10001'); default: start a local one."""
     timeout_scale: float = 1.0

@@ -1,5 +1,8 @@
 """Where runs execute: local processes, or Ray tasks on a cluster without a shared file system.
 
+Only local runs resume from the checkpoint of an unfinished attempt: Ray workers do not ship
+checkpoints back (they are large), so a Ray run that did not finish starts again from scratch.
+
 Both call `on_start(job)` when a run starts (is submitted, for Ray) and
 `on_finish(record)` when its record is written.
 """
@@ -45,10 +48,12 @@ def run_local(jobs: list[Job], cpus: int, on_start: OnStart, on_finish: OnFinish
             free -= need
         try:
             on_start(job)
-            prepare_run_dir(job)
+            ckpt = prepare_run_dir(job)
             argv = job.argv(job.preset.script.resolve(), job.run_dir.resolve())
+            if ckpt is not None:
+                argv += ["--resume", str(ckpt)]
             result = execute(argv, Path.cwd(), job.run_dir / LOG_NAME, job.timeout_s, _threads(job))
-            return make_record(job, result, argv)
+            return make_record(job, result, argv, resumed=ckpt is not None)
         finally:
             with turn:
                 free += need
@@ -121,7 +126,7 @@ def run_ray(jobs: list[Job], address: str | None, local_cpus: int, on_start: OnS
         task = ray.remote(ray_task)
         pending = {}
         for job in jobs:
-            prepare_run_dir(job)
+            prepare_run_dir(job, resume=False)  # no checkpoint comes back from a worker
             script = job.preset.script
             options = {"num_cpus": job.preset.num_cpus, "num_gpus": job.preset.num_gpus if has_gpu else 0}
             argv = job.argv(script.name, "run")[1:]

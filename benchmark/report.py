@@ -140,7 +140,7 @@ def render_report(results: dict[str, Any], with_plots: bool) -> str:
              "## Results", "", *preset_table(results, "" if with_plots else None), ""]
     for name, p in results["presets"].items():
         seeds = [f"seed {r['seed']}: {_num(r['summary']['eval_mean']) if r['status'] == 'ok' else 'failed'}"
-                 for r in results["runs"] if r["preset"] == name]
+                 + (" (resumed)" if r.get("resumed") else "") for r in results["runs"] if r["preset"] == name]
         lines += [f"### {name}", "", f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
                   f"- ours: {_score(p['eval_mean'])} (IQM {_iqm(p['eval_mean'])}); {', '.join(seeds)}",
                   f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB"]
@@ -154,7 +154,8 @@ def render_report(results: dict[str, Any], with_plots: bool) -> str:
     if failed:
         lines += ["## Failed runs", ""]
         for r in failed:
-            lines += [f"### {r['preset']} seed{r['seed']}: {r['reason']}", "", "```", r["log_tail"], "```", ""]
+            resumed = " (resumed)" if r.get("resumed") else ""
+            lines += [f"### {r['preset']} seed{r['seed']}{resumed}: {r['reason']}", "", "```", r["log_tail"], "```", ""]
     lines += ["## Statistics", "", results["statistics"], "",
               "Mean ± std: over seeds, population std (ddof=0). Scores are each run's final "
               "`eval_mean` from summary.json.", ""]

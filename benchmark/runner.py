@@ -3,7 +3,12 @@
 A sweep lives in `<runs_dir>/<sweep>/`: `sweep.json` (mode, budget scale, the commands
 that ran it) and one folder per run, `<preset>/seed<k>/`, which is the algorithm's run
 directory plus the runner's `benchmark.log` (the run's stdout and stderr) and `run.json`
-(the record). A run whose `run.json` says "ok" is skipped when the sweep runs again.
+(the record). A run whose `run.json` says "ok" is skipped when the sweep runs again. A run
+that did not finish but left `checkpoints/latest.pt` (saved on SIGTERM at the time limit or
+on Ctrl-C, or at a checkpoint interval) continues from it with `--resume`, appending to its
+log; one without a checkpoint starts again from scratch. Each sweep invocation makes one
+attempt per run, so a run that fails again after resuming is recorded, not retried in a loop.
+Only the local backend resumes: the Ray backend leaves checkpoints on the worker.
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ SUMMARY_KEYS = ("script", "env_id", "seed", "global_step", "eval_mean", "eval_st
                 "wall_time_s", "sps", "peak_rss_mb")
 LOG_NAME, RECORD_NAME = "benchmark.log", "run.json"
 LOG_TAIL_LINES = 40
-KILL_GRACE_S = 30.0  # after SIGTERM at the time limit, so the run can save its checkpoint
+CHECKPOINT = Path("checkpoints") / "latest.pt"  # in the run dir, the one a re-run resumes from
+# At the time limit a run gets SIGTERM, then this long to save its checkpoint and exit before
+# SIGKILL; a re-run of the sweep resumes from that checkpoint (local backend only). A save
+# slower than this (dqn_atari's replay buffer of several GB) is cut off; the write is atomic,
+# so the run then resumes from its previous checkpoint, or starts afresh when it had none.
+KILL_GRACE_S = 30.0
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -139,13 +149,14 @@ def execute(argv: list[str], cwd: Path, log_path: Path, timeout_s: float, thread
     """Run `python <argv>` in its own process group with stdout and stderr into `log_path`.
 
     At the time limit the group gets SIGTERM (the contract: save a checkpoint and exit),
-    then SIGKILL after a grace period.
+    then SIGKILL after a grace period. The log is appended to, so that a resumed run keeps
+    the output of its earlier attempts.
     """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         with _running_lock:
@@ -184,8 +195,9 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def make_record(job: Job, result: dict[str, Any], command: list[str]) -> dict[str, Any]:
-    """Check what a finished run left behind and write its record (`run.json`)."""
+def make_record(job: Job, result: dict[str, Any], command: list[str], resumed: bool = False) -> dict[str, Any]:
+    """Check what a finished run left behind and write its record (`run.json`); `resumed`:
+    this attempt continued from an earlier attempt's checkpoint."""
     problems = [result["error"]] if result.get("error") else []
     if result["timed_out"]:
         problems.append(f"timed out after {result['timeout_s']:.0f} s")
@@ -214,7 +226,7 @@ def make_record(job: Job, result: dict[str, Any], command: list[str]) -> dict[st
     preset = job.preset
     record = {
         "preset": preset.name, "algo": preset.algo, "env_id": preset.env_id, "seed": job.seed,
-        "total_steps": job.total_steps, "status": "failed" if problems else "ok",
+        "total_steps": job.total_steps, "status": "failed" if problems else "ok", "resumed": resumed,
         "reason": "; ".join(problems), "command": command, **result,
         "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
                    | {"eval_returns": summary.get("eval_returns", [])},
@@ -227,11 +239,22 @@ def make_record(job: Job, result: dict[str, Any], command: list[str]) -> dict[st
     return record
 
 
-def prepare_run_dir(job: Job) -> None:
-    """A run that did not finish starts again from scratch."""
+def prepare_run_dir(job: Job, resume: bool = True) -> Path | None:
+    """Ready the folder of a run that did not finish. With `resume` and a checkpoint there,
+    keep the folder, drop the last attempt's summary and record (so the new record judges
+    only this attempt), mark the log, and return the checkpoint to pass as `--resume`;
+    otherwise empty the folder and return None."""
+    ckpt = job.run_dir / CHECKPOINT
+    if resume and ckpt.is_file():
+        for name in ("summary.json", RECORD_NAME):
+            (job.run_dir / name).unlink(missing_ok=True)
+        with open(job.run_dir / LOG_NAME, "a") as log:
+            log.write(f"\n--- resumed from {ckpt.resolve()} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+        return ckpt.resolve()
     if job.run_dir.exists():
         shutil.rmtree(job.run_dir)
     job.run_dir.mkdir(parents=True)
+    return None
 
 
 def load_records(sweep_dir: Path) -> list[dict[str, Any]]:

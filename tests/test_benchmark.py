@@ -4,6 +4,7 @@ timeout), resume, aggregation against hand-computed numbers, report, plots, READ
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,9 +25,11 @@ ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 # A fake algorithm file honouring the CLI/outputs contract in a few lines. The training
 # curve rises linearly over 20 episodes to `--score`; the final evaluation is score + seed.
 # It writes events with tensorboard's own writer (the format torch's SummaryWriter writes)
-# because importing torch would cost seconds per run.
+# because importing torch would cost seconds per run. Its checkpoint is {"step": N};
+# `--resume` continues the curve after that step. "stall-once" logs half the curve, then
+# waits (unless resumed) for SIGTERM, on which it saves its checkpoint and exits.
 FAKE = textwrap.dedent('''
-    import argparse, json, sys, time
+    import argparse, json, signal, sys, time
     from pathlib import Path
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
@@ -37,7 +40,8 @@ FAKE = textwrap.dedent('''
     p.add_argument("--run-dir", required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--total-steps", type=int, required=True)
-    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval"])
+    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval", "stall-once"])
+    p.add_argument("--resume", default=None)
     p.add_argument("--score", type=float, default=100.0)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--layers", type=int, nargs="+", default=[64])
@@ -50,22 +54,38 @@ FAKE = textwrap.dedent('''
         sys.exit("fake.py: error: deliberate crash")
     if args.behaviour == "sleep":
         time.sleep(600)
+    start = json.loads(Path(args.resume).read_text())["step"] if args.resume else 0
+    if args.resume:
+        print("resumed at step", start, flush=True)
     writer = EventFileWriter(str(run))
     def log(tag, value, step):
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
         writer.add_event(Event(step=step, wall_time=time.time(), summary=summary))
-    for i in range(1, 21):
-        log("charts/episodic_return", args.score * i / 20, i * args.total_steps // 20)
+    def save(step):
+        (run / "checkpoints").mkdir(exist_ok=True)
+        (run / "checkpoints" / "latest.pt").write_text(json.dumps({"step": step}))
+    stall = args.behaviour == "stall-once" and not args.resume
+    for i in range(1, 11 if stall else 21):
+        if i * args.total_steps // 20 > start:
+            log("charts/episodic_return", args.score * i / 20, i * args.total_steps // 20)
+    if stall:
+        writer.flush()
+        def stop(signum, frame):
+            writer.close()
+            save(args.total_steps // 2)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        print("stalling", flush=True)
+        time.sleep(600)
     log("charts/SPS", 1000.0, args.total_steps)
     final = float("nan") if args.behaviour == "nan-eval" else args.score + args.seed
     if args.behaviour != "no-eval":
         log("eval/episodic_return", final, args.total_steps)
     writer.close()
-    (run / "checkpoints").mkdir(exist_ok=True)
-    (run / "checkpoints" / "latest.pt").write_bytes(b"0" * 100)
+    save(args.total_steps)
     (run / "config.json").write_text(json.dumps(vars(args)))
     (run / "summary.json").write_text(json.dumps({
-        "script": "fake.py", "algo": "fake", "env_id": args.env_id, "seed": args.seed,
+        "script": "fake.py", "algo": "fake", "env_id": args.env_id, "seed": args.seed, "start_step": start,
         "global_step": args.total_steps, "eval_mean": final, "eval_std": 0.0,
         "eval_episodes": args.eval_episodes, "eval_returns": [final], "wall_time_s": 0.5,
         "sps": 1000.0 + args.seed, "peak_rss_mb": 50.0 + args.seed}))
@@ -128,7 +148,8 @@ def test_real_zoo_is_valid_and_covers_every_algorithm(tmp_path: Path):
     assert (pendulum.target.threshold, pendulum.target.at_least, pendulum.target.mean_min) == (-200, 4, -160)
     assert presets["ppg-lunarlander"].target.strict
     assert presets["ppg-lunarlander-noaux"].target is None
-    assert presets["ppg-lunarlander-noaux"].args == {"e-aux": 0}
+    # The ablation differs from the tuned preset in the auxiliary phase only.
+    assert presets["ppg-lunarlander-noaux"].args == {**presets["ppg-lunarlander"].args, "e-aux": 0}
     assert presets["naf-invertedpendulum"].provisional and presets["d4pg-halfcheetah"].provisional
     assert presets["d4pg-pendulum"].smoke.args["batch-size"] == 32
     assert all(p.references for n, p in presets.items() if n.endswith(("breakout", "-pendulum", "cartpole")))
@@ -207,21 +228,62 @@ def test_smoke_records_crash_and_timeout_and_goes_on(tmp_path: Path, zoo, capsys
 def test_interrupted_sweep_resumes_skipping_finished_runs(tmp_path: Path, zoo, capsys):
     args = zoo(preset_toml("a", seeds=2), preset_toml("b", seeds=2))
     assert main(["full", *args, "--name", "r", "--results-dir", str(tmp_path / "results")]) == 0
-    # Simulate a kill halfway through a-seed2: its folder holds partial output and no record.
+    # Simulate a kill halfway through a-seed2, before its first checkpoint: its folder holds
+    # partial output and no record, so it starts afresh.
     a2 = tmp_path / "runs/r/a/seed2"
     (a2 / "run.json").unlink()
+    shutil.rmtree(a2 / "checkpoints")
     (a2 / "stale.txt").write_text("left by the killed run")
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs/r").glob("*/seed*/run.json")}
     capsys.readouterr()
     assert main(["full", *args, "--name", "r", "--results-dir", str(tmp_path / "results")]) == 0
     assert "4 runs, 3 already finished" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in before} == before
-    assert record(tmp_path, "r", "a", 2)["status"] == "ok" and not (a2 / "stale.txt").exists()
+    a2_record = record(tmp_path, "r", "a", 2)
+    assert a2_record["status"] == "ok" and not a2_record["resumed"] and not (a2 / "stale.txt").exists()
+    assert "--resume" not in a2_record["command"]
     sweep = json.loads((tmp_path / "runs/r/sweep.json").read_text())
     assert len(sweep["commands"]) == 2
     # The same name with another budget is refused rather than mixed.
     assert main(["full", *args, "--name", "r", "--steps-scale", "0.5"]) == 2
     assert "was run as full" in capsys.readouterr().err
+
+
+def test_unfinished_run_resumes_from_its_checkpoint(tmp_path: Path, zoo, capsys):
+    results = ["--results-dir", str(tmp_path / "results")]
+    crash = preset_toml("crash", args='behaviour = "crash"')
+    # The first attempt stalls halfway; at the time limit SIGTERM makes it save step 100 of 200.
+    args = zoo(preset_toml("stall", args='behaviour = "stall-once"', timeout=10), crash)
+    assert main(["full", *args, "--name", "u", *results]) == 1
+    stall_dir, crash_dir = tmp_path / "runs/u/stall/seed1", tmp_path / "runs/u/crash/seed1"
+    first = record(tmp_path, "u", "stall")
+    assert first["status"] == "failed" and "timed out" in first["reason"] and not first["resumed"]
+    ckpt = stall_dir / "checkpoints/latest.pt"
+    assert json.loads(ckpt.read_text()) == {"step": 100}
+    assert not (crash_dir / "checkpoints").exists()
+    (crash_dir / "checkpoints").mkdir()  # as if it had saved one before crashing
+    (crash_dir / "checkpoints/latest.pt").write_text(json.dumps({"step": 50}))
+    capsys.readouterr()
+
+    # Re-run (the time limit is not part of the sweep's budget, so it may change).
+    args = zoo(preset_toml("stall", args='behaviour = "stall-once"'), crash)
+    assert main(["full", *args, "--name", "u", *results]) == 1  # 'crash' fails again, once
+    stall = record(tmp_path, "u", "stall")
+    assert stall["status"] == "ok" and stall["resumed"], stall
+    assert stall["command"][-2:] == ["--resume", str(ckpt.resolve())]
+    assert stall["command"][stall["command"].index("--run-dir") + 1] == str(stall_dir.resolve())
+    assert json.loads((stall_dir / "config.json").read_text())["resume"] == str(ckpt.resolve())
+    assert (stall["summary"]["start_step"], stall["summary"]["global_step"]) == (100, 200)
+    # The curve continues where the checkpoint left it: both attempts' points, none twice.
+    assert [step for step, _ in stall["curves"]["train"]] == list(range(10, 201, 10))
+    log = (stall_dir / "benchmark.log").read_text()
+    marker = f"resumed from {ckpt.resolve()} at "
+    assert log.index("stalling") < log.index(marker) < log.index("resumed at step 100"), log
+    again = record(tmp_path, "u", "crash")
+    assert again["status"] == "failed" and again["resumed"] and again["command"][-2] == "--resume"
+    assert (crash_dir / "benchmark.log").read_text().count("deliberate crash") == 2  # appended, not replaced
+    report = (tmp_path / "results/u/report.md").read_text()
+    assert "seed 1: 101.0 (resumed)" in report and "### crash seed1 (resumed): exit status 1" in report
 
 
 def test_sigterm_stops_the_sweep_and_its_runs(tmp_path: Path, zoo):
