@@ -39,7 +39,9 @@ Implementation details:
    filled part of the replay buffer, counters, RNG states (python, numpy, torch, the
    sampling/noise generator) and the OU state. Resume resets the envs (seeded with
    seed + global_step), so the episode in progress at save time is dropped. SIGINT/SIGTERM
-   save a checkpoint and exit 0 without summary.json (summary.json means "finished").
+   skip any evaluation still due, save a checkpoint and exit 0 without summary.json
+   (summary.json means "finished"); a second Ctrl-C kills at once. Resume and --eval-only
+   write into --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 
 Deviations from the paper and public ports, for Pendulum-v1 in 20k steps:
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
@@ -63,6 +65,7 @@ import os
 import random
 import resource
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -112,7 +115,7 @@ class Args:
     checkpoint: str | None = None
     """checkpoint to evaluate with --eval-only"""
     capture_video: bool = False
-    """record evaluation episodes as mp4 in <run_dir>/videos (with --eval-only)"""
+    """record the final (or --eval-only) evaluation episodes as mp4 in <run_dir>/videos"""
     track: bool = False
     """log to Weights & Biases (mode from WANDB_MODE)"""
     wandb_project_name: str = "rl-training"
@@ -364,10 +367,19 @@ def load_checkpoint(path: str, device: torch.device) -> dict:
     return ckpt
 
 
+def checkpoint_run_dir(path: str) -> Path:
+    """The run dir of a checkpoint: the folder above its checkpoints/ folder (else its own folder)."""
+    folder = Path(path).resolve().parent
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
 def check_resumable(ckpt: dict, args: Args) -> None:
-    """Refuse a checkpoint whose env or shapes (network, OU state, buffer) differ from args."""
+    """Refuse a checkpoint whose env or shapes (network, OU state, buffer) differ from args,
+    or that is already past --total-steps."""
     if ckpt["env_id"] != args.env_id:
         raise fail(f"checkpoint {args.resume} is for {ckpt['env_id']}, not {args.env_id}; pass --env-id {ckpt['env_id']}")
+    if args.total_steps < ckpt["global_step"]:
+        raise fail(f"checkpoint {args.resume} is at step {ckpt['global_step']}, beyond --total-steps {args.total_steps}; pass --total-steps {ckpt['global_step']} or more")
     for key in ("hidden_dim", "num_envs", "buffer_size"):
         if ckpt["args"][key] != getattr(args, key):
             flag = "--" + key.replace("_", "-")
@@ -411,24 +423,52 @@ def pick_device(name: str) -> torch.device:
 def eval_only(args: Args) -> None:
     device = pick_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, device)
-    env_id, hidden_dim = ckpt["env_id"], ckpt["args"]["hidden_dim"]  # the checkpoint defines env and network
+    # The checkpoint defines env, network and seed: this repeats the run's own final evaluation.
+    env_id, hidden_dim, seed = ckpt["env_id"], ckpt["args"]["hidden_dim"], ckpt["args"]["seed"]
     env = make_env(env_id)
     net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], hidden_dim).to(device)
     env.close()
     net.load_state_dict(ckpt["net"])
-    run_dir = Path(args.run_dir) if args.run_dir else Path(args.checkpoint).resolve().parent.parent
+    run_dir = Path(args.run_dir) if args.run_dir else checkpoint_run_dir(args.checkpoint)
     run_dir.mkdir(parents=True, exist_ok=True)
     video_dir = run_dir / "videos" if args.capture_video else None
-    returns = evaluate(net, env_id, args.eval_episodes, args.seed, device, video_dir)
-    result = {"script": SCRIPT, "algo": "naf", "env_id": env_id, "checkpoint": str(args.checkpoint),
+    returns = evaluate(net, env_id, args.eval_episodes, seed, device, video_dir)
+    result = {"script": SCRIPT, "algo": "naf", "env_id": env_id, "seed": seed, "checkpoint": str(args.checkpoint),
               "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)),
               "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
     write_json(run_dir / "eval.json", result)
     print(f"eval over {len(returns)} episodes: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
 
 
+def install_stop_handlers() -> dict:
+    """SIGINT/SIGTERM set stop["signal"]; the loop saves and leaves at its next safe point.
+    After the first signal, SIGINT is back to its default, so a second Ctrl-C kills at once."""
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    return stop
+
+
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
+    """Train (or --eval-only); a W&B run is finished on every way out, errors included."""
+    ok = False
+    try:
+        run_training(args)
+        ok = True
+    finally:
+        wandb = sys.modules.get("wandb")
+        if args.track and wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.finish(exit_code=0 if ok else 1)
+
+
+def run_training(args: Args) -> None:
+    t_start = time.time()  # wall_time_s: the whole process, from here to summary.json
     check_args(args)
     if args.eval_only:
         return eval_only(args)
@@ -457,7 +497,7 @@ def train(args: Args) -> None:
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     ou_state = np.zeros((args.num_envs, act_dim))
-    num_updates, start_time, start_step = 0, time.time(), global_step
+    num_updates, start_step = 0, global_step
     if ckpt:
         net.load_state_dict(ckpt["net"])
         target_net.load_state_dict(ckpt["target_net"])
@@ -467,7 +507,7 @@ def train(args: Args) -> None:
         rb.load_state_dict(ckpt["replay_buffer"])
         set_rng_states(ckpt["rng"], rng)
         ou_state, num_updates = ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
-        run_dir = Path(args.run_dir) if args.run_dir else Path(args.resume).resolve().parent.parent
+        run_dir = Path(args.run_dir) if args.run_dir else checkpoint_run_dir(args.resume)
     else:
         default = f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = Path(args.run_dir or default)
@@ -482,9 +522,7 @@ def train(args: Args) -> None:
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-    stop = {"signal": None}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: stop.update(signal=signum))
+    stop = install_stop_handlers()
 
     def checkpoint() -> None:
         save_checkpoint(run_dir / "checkpoints" / "latest.pt", {
@@ -493,16 +531,16 @@ def train(args: Args) -> None:
             "optimizer": optimizer.state_dict(), "replay_buffer": rb.state_dict(),
             "ou_state": torch.from_numpy(ou_state.copy()), "rng": rng_states(rng)})
 
-    def run_eval() -> list[float]:
-        returns = evaluate(net, args.env_id, args.eval_episodes, args.seed, device)
+    def run_eval(video_dir: Path | None = None) -> list[float]:
+        returns = evaluate(net, args.env_id, args.eval_episodes, args.seed, device, video_dir)
         writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
         return returns
 
     autoreset = np.zeros(args.num_envs, bool)
     ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
     recent_returns: list[float] = []
-    last_print = time.time()
-    while global_step < args.total_steps:
+    loop_start = last_print = time.time()  # sps: env steps per second of this loop only
+    while global_step < args.total_steps and stop["signal"] is None:
         if global_step < args.learning_starts:
             u = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
         else:
@@ -535,36 +573,39 @@ def train(args: Args) -> None:
             if global_step // 100 != prev_step // 100:  # log every 100 env steps, as CleanRL
                 writer.add_scalar("losses/td_loss", loss.item(), global_step)
                 writer.add_scalar("losses/q_values", batch_q.mean().item(), global_step)
-        if global_step // 1000 != prev_step // 1000:
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
+        # Every 1000 env steps (whatever the update schedule) and at the loop's last step.
+        if global_step // 1000 != prev_step // 1000 or global_step >= args.total_steps or stop["signal"] is not None:
+            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - loop_start)), global_step)
             writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
 
+        if stop["signal"] is not None:  # save right away: no evaluation, no periodic checkpoint
+            continue
         if args.eval_interval and global_step // args.eval_interval != prev_step // args.eval_interval and global_step < args.total_steps:
             run_eval()
         if args.checkpoint_interval and global_step // args.checkpoint_interval != prev_step // args.checkpoint_interval:
             checkpoint()
-        if stop["signal"] is not None:
-            checkpoint()
-            print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} to {run_dir / 'checkpoints' / 'latest.pt'}; resume with --resume")
-            envs.close()
-            writer.close()
-            return
         if time.time() - last_print > 5:
             last_print = time.time()
-            sps = (global_step - start_step) / (last_print - start_time)
+            sps = (global_step - start_step) / (last_print - loop_start)
             ret = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
             eta = (args.total_steps - global_step) / max(sps, 1e-9)
             print(f"step {global_step:,}/{args.total_steps:,} | {sps:.0f} SPS | return {ret} | eta {eta / 60:.0f}m", flush=True)
 
-    returns = run_eval()
+    loop_time = time.time() - loop_start
+    if stop["signal"] is not None:
+        checkpoint()
+        print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} to {run_dir / 'checkpoints' / 'latest.pt'}; resume with --resume")
+        envs.close()
+        writer.close()
+        return
+    returns = run_eval(run_dir / "videos" if args.capture_video else None)
     checkpoint()
     envs.close()
     writer.close()
-    wall = time.time() - start_time
     write_json(run_dir / "summary.json", {
         "script": SCRIPT, "algo": "naf", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
         "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns),
-        "eval_returns": returns, "wall_time_s": wall, "sps": (global_step - start_step) / wall,
+        "eval_returns": returns, "wall_time_s": time.time() - t_start, "sps": (global_step - start_step) / max(loop_time, 1e-9),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "num_updates": num_updates})
     print(f"done: {global_step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {run_dir}")
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -208,7 +210,9 @@ def test_tiny_run_outputs(tiny_run):
     assert [step for step, _ in scalars(tiny_run, "eval/episodic_return")] == [300, 600]
     assert len(scalars(tiny_run, "charts/episodic_return")) == 2  # each env: one 200-step episode in 300 steps
     assert scalars(tiny_run, "losses/td_loss") and scalars(tiny_run, "losses/q_values")
-    assert scalars(tiny_run, "charts/SPS") == [] and scalars(tiny_run, "charts/learning_rate") == []  # logged every 1000 steps
+    # every 1000 env steps and at the last step, whatever the update schedule: a 600-step run has them too
+    assert [step for step, _ in scalars(tiny_run, "charts/SPS")] == [600]
+    assert scalars(tiny_run, "charts/learning_rate") == [(600, pytest.approx(1e-3))]
     ckpt = torch.load(tiny_run / "checkpoints" / "latest.pt", weights_only=True)
     assert ckpt["algo"] == "naf" and ckpt["global_step"] == 600
     # 600 env steps over 2 envs: 300 vector steps, minus one autoreset step per env after the first episode.
@@ -338,3 +342,100 @@ def test_bad_checkpoint_cli(tiny_run, tmp_path):
     good = str(tiny_run / "checkpoints" / "latest.pt")
     check_error(run_script("naf.py", "--resume", good, "--run-dir", str(tmp_path / "r")), "naf.py: error", "--hidden-dim 32")
     assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- in process: outputs, signals, W&B
+class FakeWandb(types.ModuleType):
+    """Stands in for wandb (not installed here): records init (with the event files present
+    at that moment) and finish."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.run, self.calls = None, []
+
+    def init(self, **kwargs):
+        self.calls.append(("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*"))))
+        self.run = object()
+        return self.run
+
+    def finish(self, exit_code=0):
+        self.calls.append(("finish", exit_code))
+        self.run = None
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return fake
+
+
+@pytest.fixture
+def restore_signals():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+IN_PROCESS = dict(learning_starts=100, batch_size=32, hidden_dim=32, eval_episodes=1, checkpoint_interval=0)
+
+
+def test_checkpoint_run_dir(tmp_path):
+    assert naf.checkpoint_run_dir(str(tmp_path / "run" / "checkpoints" / "latest.pt")) == (tmp_path / "run").resolve()
+    assert naf.checkpoint_run_dir(str(tmp_path / "copy.pt")) == tmp_path.resolve()
+
+
+@pytest.mark.slow
+def test_in_process_run_video_sps_wandb_and_eval_only(tmp_path, fake_wandb, restore_signals):
+    run = tmp_path / "run"
+    naf.train(naf.Args(seed=3, total_steps=300, eval_interval=0, capture_video=True, track=True, run_dir=str(run), **IN_PROCESS))
+    s = summary(run)
+    assert list((run / "videos").glob("*.mp4"))  # --capture-video records the final evaluation of training
+    # sps counts the training loop only: the startup and the recorded final evaluation are in wall_time_s
+    assert s["sps"] * s["wall_time_s"] > s["global_step"] == 300
+    assert [step for step, _ in scalars(run, "charts/SPS")] == [300]
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish at the end
+
+    # --eval-only takes the run's seed (3, not the default 1), env and network shape from the checkpoint,
+    # and writes beside the checkpoint even after the run folder moved
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved)
+    naf.train(naf.Args(eval_only=True, checkpoint=str(moved / "checkpoints" / "latest.pt"), eval_episodes=1))
+    result = json.loads((moved / "eval.json").read_text())
+    assert result["seed"] == 3 and result["eval_returns"] == s["eval_returns"]
+    assert not (run / "eval.json").exists()
+
+    ckpt = naf.load_checkpoint(str(run / "checkpoints" / "latest.pt"), torch.device("cpu"))
+    with pytest.raises(SystemExit, match="at step 300, beyond --total-steps 299; pass --total-steps 300"):
+        naf.check_resumable(ckpt, naf.Args(resume="x.pt", total_steps=299, hidden_dim=32))
+    naf.check_resumable(ckpt, naf.Args(resume="x.pt", total_steps=300, hidden_dim=32))
+
+
+def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, restore_signals, monkeypatch):
+    """A SIGTERM during the env step that reaches step 100, where an evaluation is due: no evaluation
+    (periodic or final), no summary, the checkpoint holds step 100, a second Ctrl-C would kill at
+    once, and the W&B run is finished."""
+    real_step, real_eval, steps, evals = naf.step_and_store, naf.evaluate, [], []
+
+    def step_then_signal(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 100:
+            signal.raise_signal(signal.SIGTERM)
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(naf, "step_and_store", step_then_signal)
+    monkeypatch.setattr(naf, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
+    run = tmp_path / "run"
+    naf.train(naf.Args(total_steps=1000, eval_interval=100, track=True, run_dir=str(run), **IN_PROCESS))
+    assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 100
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    assert fake_wandb.calls[-1] == ("finish", 0)
+
+
+def test_track_without_wandb_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
+    with pytest.raises(SystemExit, match="--track needs the wandb package"):
+        naf.train(naf.Args(track=True, run_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
