@@ -48,7 +48,9 @@ Implementation details:
  9. Checkpoints hold the replay buffer, its priorities and the pending n-step windows. Env states
     cannot be restored, so on resume the pending windows are flushed as truncated at the saved
     last observation (the episode was cut, as by a time limit) and the envs restart with seed
-    `seed + global_step`. SIGINT/SIGTERM save a checkpoint and exit 0 without summary.json.
+    `seed + global_step`. SIGINT/SIGTERM skip any evaluation still due, save a checkpoint and
+    exit 0 without summary.json; a second Ctrl-C kills at once. Resume and --eval-only write into
+    --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 10. The support must cover the task's discounted returns: a one-line warning (once) when the
     discounted return of an observed episode leaves [v_min, v_max].
 11. Evaluation: the deterministic actor without noise, on a separate env, episode i seeded
@@ -80,7 +82,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -105,8 +107,8 @@ class Args:
     """parallel environments, in the role of the paper's parallel actors"""
     torch_deterministic: bool = True
     """use deterministic torch algorithms"""
-    device: str = "auto"
-    """auto (cuda if available), cpu or cuda"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto picks cuda when available"""
     exp_name: str = "d4pg"
     """experiment name, part of the default run dir"""
     run_dir: Optional[str] = None
@@ -199,7 +201,7 @@ def validate(args: Args) -> None:
     ]
     for ok, message in checks:
         if not ok:
-            raise fail(f"{message}; fix the flag and run again")
+            raise fail(f"{message}; fix the value and rerun")
 
 
 # ---------------------------------------------------------------- environment
@@ -445,6 +447,12 @@ class ReplayBuffer:
 COMPATIBLE = ("env_id", "num_envs", "hidden_size", "num_atoms", "v_min", "v_max", "n_step", "gamma", "buffer_size", "prioritized")
 
 
+def checkpoint_run_dir(path: str) -> str:
+    """The run dir of a checkpoint: the folder above its checkpoints/ folder (else its own folder)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
+
+
 def load_checkpoint(path: str) -> dict:
     if not os.path.isfile(path):
         raise fail(f"checkpoint {path} does not exist; pass a checkpoints/latest.pt written by {SCRIPT}")
@@ -494,7 +502,7 @@ def eval_only(args: Args, device: torch.device) -> None:
     obs_dim, act_dim, _, _ = env_spaces(cfg["env_id"])
     actor = Actor(obs_dim, act_dim, cfg["hidden_size"]).to(device)
     actor.load_state_dict(ckpt["actor"])
-    run_dir = args.run_dir or ckpt["run_dir"]
+    run_dir = args.run_dir or checkpoint_run_dir(args.checkpoint)
     os.makedirs(run_dir, exist_ok=True)
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     returns = evaluate(actor, cfg["env_id"], args.eval_episodes, cfg["seed"], device, video_dir)
@@ -505,40 +513,64 @@ def eval_only(args: Args, device: torch.device) -> None:
     print(f"eval {cfg['env_id']} step {ckpt['global_step']:,}: {result['eval_mean']:.1f} +- {result['eval_std']:.1f} over {len(returns)} episodes")
 
 
+def install_stop_handlers() -> dict:
+    """SIGINT/SIGTERM set stop["signal"]; the loop saves and leaves at its next safe point.
+    After the first signal, SIGINT is back to its default, so a second Ctrl-C kills at once."""
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    t_start = time.time()
+    """Train (or --eval-only); a W&B run is finished on every way out, errors included."""
+    ok = False
+    try:
+        run_training(args)
+        ok = True
+    finally:
+        wandb = sys.modules.get("wandb")
+        if args.track and wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.finish(exit_code=0 if ok else 1)
+
+
+def run_training(args: Args) -> None:
+    t_start = time.time()  # wall_time_s: the whole process, from here to summary.json
     validate(args)
     if args.torch_deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     if args.eval_only:
         return eval_only(args, device)
+    if args.track:  # before anything is written
+        try:
+            import wandb
+        except ImportError:
+            raise fail("--track needs the wandb package; install it or drop --track")
     ckpt = load_checkpoint(args.resume) if args.resume else None
     if ckpt is not None:
         for key in COMPATIBLE:
             if ckpt["args"][key] != getattr(args, key):
                 flag = "--" + key.replace("_", "-")
                 raise fail(f"checkpoint {args.resume} has {flag} {ckpt['args'][key]}, not {getattr(args, key)}; resume with the checkpoint's value")
+        if args.total_steps < ckpt["global_step"]:
+            raise fail(f"checkpoint {args.resume} is at step {ckpt['global_step']}, beyond --total-steps {args.total_steps}; pass --total-steps {ckpt['global_step']} or more")
     obs_dim, act_dim, low, high = env_spaces(args.env_id)
 
-    run_dir = args.run_dir or (ckpt["run_dir"] if ckpt else f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    default_dir = checkpoint_run_dir(args.resume) if ckpt else f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = args.run_dir or default_dir
     os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
     ckpt_path = os.path.join(run_dir, "checkpoints", "latest.pt")
     if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise fail("--track needs the wandb package; install it or drop --track")
         wandb.init(project=args.wandb_project_name, config=vars(args), sync_tensorboard=True, dir=run_dir,
                    name=os.path.basename(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
-    stop = {"signal": None}  # SIGINT/SIGTERM: save and leave at the next safe point
-
-    def on_signal(signum, frame):
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = install_stop_handlers()
     save_atomic({**asdict(args), "run_dir": run_dir, "device": str(device)}, os.path.join(run_dir, "config.json"))
 
     random.seed(args.seed)
@@ -601,7 +633,8 @@ def train(args: Args) -> None:
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
     discounted_return, discount_power = np.zeros(args.num_envs), np.ones(args.num_envs)
     recent_returns, support_warned = deque(maxlen=20), False
-    start_step, last_print, log_every = global_step, time.time(), 200
+    start_step, log_every = global_step, 200
+    loop_start = last_print = time.time()  # sps: env steps per second of this loop only
     critic_loss = actor_loss = q_value = None
 
     while global_step < args.total_steps and stop["signal"] is None:
@@ -668,15 +701,17 @@ def train(args: Args) -> None:
 
         if global_step // log_every > prev_step // log_every:
             check_finite()
-            sps = (global_step - start_step) / (time.time() - t_start)
+            sps = (global_step - start_step) / (time.time() - loop_start)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/learning_rate", args.critic_lr, global_step)
             writer.add_scalar("charts/actor_learning_rate", args.actor_lr, global_step)
             if critic_loss is not None:
                 writer.add_scalar("losses/critic_loss", critic_loss.item(), global_step)
                 writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
-                writer.add_scalar("losses/q_value", q_value.item(), global_step)
+                writer.add_scalar("losses/q_values", q_value.item(), global_step)
                 writer.add_scalar("charts/num_updates", num_updates, global_step)
+        if stop["signal"] is not None:  # save right away: no evaluation, no periodic checkpoint
+            continue
         if args.eval_interval and global_step < args.total_steps and global_step // args.eval_interval > prev_step // args.eval_interval:
             check_finite()
             returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed, device)
@@ -686,11 +721,12 @@ def train(args: Args) -> None:
             save_atomic(checkpoint_state(), ckpt_path)
         if time.time() - last_print > 5:
             last_print = time.time()
-            sps = (global_step - start_step) / (last_print - t_start)
+            sps = (global_step - start_step) / (last_print - loop_start)
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
             eta = int((args.total_steps - global_step) / max(sps, 1e-9))
             print(f"step {global_step:,}/{args.total_steps:,} | {sps:,.0f} SPS | return {recent} | eta {eta // 60}m{eta % 60:02d}s", flush=True)
 
+    loop_time = time.time() - loop_start
     check_finite()
     save_atomic(checkpoint_state(), ckpt_path)
     envs.close()
@@ -702,11 +738,10 @@ def train(args: Args) -> None:
     returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed, device, video_dir)
     writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
     writer.close()
-    wall = time.time() - t_start
     result = {"script": SCRIPT, "algo": "d4pg", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
               "num_updates": num_updates, "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
-              "eval_episodes": len(returns), "eval_returns": returns, "wall_time_s": wall,
-              "sps": (global_step - start_step) / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+              "eval_episodes": len(returns), "eval_returns": returns, "wall_time_s": time.time() - t_start,
+              "sps": (global_step - start_step) / max(loop_time, 1e-9), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     save_atomic(result, os.path.join(run_dir, "summary.json"))
     print(f"done: step {global_step:,} | eval {result['eval_mean']:.1f} +- {result['eval_std']:.1f} | {result['sps']:,.0f} SPS | {run_dir}")
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from dataclasses import asdict
 from pathlib import Path
 
@@ -265,6 +266,19 @@ def test_refuses_foreign_and_incompatible_checkpoints(tmp_path):
     assert "--num-atoms 11" in error_of(resume=str(mine))
     torch.save({"algo": "d4pg", "args": asdict(d4pg.Args(env_id="HalfCheetah-v5"))}, mine)
     assert "--env-id HalfCheetah-v5" in error_of(resume=str(mine))
+    torch.save({"algo": "d4pg", "args": asdict(d4pg.Args()), "global_step": 30_000}, mine)
+    assert "at step 30000, beyond --total-steps 20000; pass --total-steps 30000" in error_of(resume=str(mine))
+
+
+def test_checkpoint_run_dir(tmp_path):
+    assert d4pg.checkpoint_run_dir(str(tmp_path / "run" / "checkpoints" / "latest.pt")) == str((tmp_path / "run").resolve())
+    assert d4pg.checkpoint_run_dir(str(tmp_path / "copy.pt")) == str(tmp_path.resolve())
+
+
+def test_track_without_wandb_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
+    assert "--track needs the wandb package" in error_of(track=True, run_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_input_by_subprocess(tmp_path):
@@ -295,7 +309,7 @@ def test_copy_alone_run_outputs_and_eval_only(tmp_path):
     assert s["script"] == "d4pg.py" and s["global_step"] == 600 and s["eval_episodes"] == 1
     assert json.loads((run / "config.json").read_text())["total_steps"] == 600
     for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                "losses/critic_loss", "losses/actor_loss"):
+                "losses/critic_loss", "losses/actor_loss", "losses/q_values"):
         assert scalars(run, tag), tag
     assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 600]
     assert scalars(run, "eval/episodic_return")[-1][1] == pytest.approx(s["eval_mean"])
@@ -365,3 +379,80 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     assert "SIGTERM" in out and not (run / "summary.json").exists()
     step = load(run / "checkpoints" / "latest.pt")["global_step"]
     assert 100 <= step < 1_000_000 and f"step {step:,}" in out
+
+
+# ---------------------------------------------------------------- in process: outputs, signals, W&B
+class FakeWandb(types.ModuleType):
+    """Stands in for wandb (not installed here): records init (with the event files present
+    at that moment) and finish."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.run, self.calls = None, []
+
+    def init(self, **kwargs):
+        self.calls.append(("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*"))))
+        self.run = object()
+        return self.run
+
+    def finish(self, exit_code=0):
+        self.calls.append(("finish", exit_code))
+        self.run = None
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return fake
+
+
+@pytest.fixture
+def restore_signals():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+IN_PROCESS = dict(learning_starts=100, batch_size=32, hidden_size=32, buffer_size=5000, eval_episodes=1, checkpoint_interval=0)
+
+
+@pytest.mark.slow
+def test_in_process_run_sps_wandb_and_eval_only(tmp_path, fake_wandb, restore_signals):
+    run = tmp_path / "run"
+    d4pg.train(d4pg.Args(seed=3, total_steps=300, eval_interval=0, track=True, run_dir=str(run), **IN_PROCESS))
+    s = summary(run)
+    # sps counts the training loop only: the startup and the final evaluation are in wall_time_s
+    assert s["sps"] * s["wall_time_s"] > s["global_step"] == 300
+    assert [step for step, _ in scalars(run, "losses/q_values")] == [200]
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish at the end
+    # --eval-only writes beside the checkpoint even after the run folder moved, with the run's own seed
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved)
+    d4pg.train(d4pg.Args(eval_only=True, checkpoint=str(moved / "checkpoints" / "latest.pt"), eval_episodes=1))
+    result = json.loads((moved / "eval.json").read_text())
+    assert result["seed"] == 3 and result["eval_returns"] == s["eval_returns"]
+    assert not (run / "eval.json").exists()
+
+
+def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, restore_signals, monkeypatch):
+    """A SIGTERM during the env step that reaches step 100, where an evaluation is due: no evaluation
+    (periodic or final), no summary, the checkpoint holds step 100, a second Ctrl-C would kill at
+    once, and the W&B run is finished."""
+    real_final, real_eval, steps, evals = d4pg.final_observations, d4pg.evaluate, [], []
+
+    def final_then_signal(*args, **kwargs):  # called once per vector step
+        steps.append(1)
+        if len(steps) == 100:
+            signal.raise_signal(signal.SIGTERM)
+        return real_final(*args, **kwargs)
+
+    monkeypatch.setattr(d4pg, "final_observations", final_then_signal)
+    monkeypatch.setattr(d4pg, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
+    run = tmp_path / "run"
+    d4pg.train(d4pg.Args(total_steps=1000, eval_interval=100, track=True, run_dir=str(run), **IN_PROCESS))
+    assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
+    assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    assert fake_wandb.calls[-1] == ("finish", 0)
