@@ -50,8 +50,9 @@ Implementation details:
     rewards by the running std of the discounted return and clips them to +-10,
     as the reference's RewardNormalizer (statistics in the checkpoint).
  7. Evaluation: greedy (argmax) policy on a separate env, episode i seeded with
-    seed + 10000 + i. SIGINT/SIGTERM save a checkpoint and exit 0 without
-    summary.json (summary.json always means a finished run).
+    seed + 10000 + i. SIGINT/SIGTERM skip any evaluation still to come, save a
+    checkpoint and exit 0 without summary.json (summary.json always means a
+    finished run); a second signal kills the process at once.
  8. Resume restores the vectorised env's numpy state (classic control's
     vector_entry_point envs keep it in arrays), so a resumed run continues the
     same episodes and gives the same metrics as an uninterrupted one. Envs that
@@ -370,7 +371,8 @@ def policy_phase(agent: Agent, optimizer, batch: dict, args: Args) -> dict:
             loss.backward()
             clip_grads(agent, args.max_grad_norm)
             optimizer.step()
-        stats = torch.stack([pg, v_loss, entropy, approx_kl, clipfrac]).detach()  # last epoch
+        # Stats of the last minibatch; with E_V > E_pi its policy terms come from a value-only epoch.
+        stats = torch.stack([pg, v_loss, entropy, approx_kl, clipfrac]).detach()
     return dict(zip(["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"], stats.tolist()))
 
 
@@ -415,6 +417,13 @@ def load_checkpoint(path: str, device) -> dict:
         algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
         raise fail(f"checkpoint {path} belongs to {algo or 'another program'}, not ppg; use the matching script")
     return ckpt
+
+
+def checkpoint_run_dir(path: str) -> str:
+    """Run dir of a checkpoint, from where the file lies (a stored path may be relative
+    or stale after a move): the parent of its `checkpoints/` folder, else its folder."""
+    folder = os.path.dirname(os.path.realpath(path))
+    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
 
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None) -> list[float]:
@@ -477,7 +486,7 @@ def eval_only(args: Args) -> None:
     obs_dim, n_actions = check_env(c["env_id"])
     agent = Agent(obs_dim, n_actions, c["hidden_dim"], c["arch"]).to(device)
     agent.load_state_dict(ckpt["agent"])
-    run_dir = args.run_dir or os.path.dirname(os.path.dirname(os.path.abspath(args.checkpoint)))
+    run_dir = args.run_dir or checkpoint_run_dir(args.checkpoint)
     os.makedirs(run_dir, exist_ok=True)
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     returns = evaluate(agent, c["env_id"], args.eval_episodes, c["seed"], device, video_dir)
@@ -502,15 +511,16 @@ def check_args(args: Args) -> None:
     if args.e_aux and (args.n_pi * batch) % args.aux_num_minibatches:
         raise fail(f"--aux-num-minibatches {args.aux_num_minibatches} does not divide n-pi x num-envs x num-steps = "
                    f"{args.n_pi * batch}; pick a divisor")
-    if not args.resume and args.total_steps < batch:
+    if not args.resume and not args.eval_only and args.total_steps < batch:
         raise fail(f"--total-steps {args.total_steps} is below one rollout (num-envs x num-steps = {batch}); raise it")
 
 
 # --------------------------------------------------------------------- train
 def train(args: Args) -> None:
+    process_start = time.time()
+    check_args(args)
     if args.eval_only:
         return eval_only(args)
-    check_args(args)
     device = resolve_device(args.device)
     obs_dim, n_actions = check_env(args.env_id)
     ckpt = load_checkpoint(args.resume, device) if args.resume else None
@@ -519,6 +529,9 @@ def train(args: Args) -> None:
             old, new = ckpt["args"][name], getattr(args, name)
             if (old != new) if name != "e_aux" else (bool(old) != bool(new)):
                 raise fail(f"checkpoint has --{name.replace('_', '-')} {old} but this run {new}; pass the checkpoint's value")
+        if args.total_steps < ckpt["global_step"]:
+            raise fail(f"--total-steps {args.total_steps:,} is below the checkpoint's step {ckpt['global_step']:,}; "
+                       f"pass at least {ckpt['global_step']}")
     if args.track:
         try:
             import wandb
@@ -533,7 +546,7 @@ def train(args: Args) -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     if ckpt is not None:
-        run_dir = ckpt["run_dir"]
+        run_dir = args.run_dir or checkpoint_run_dir(args.resume)
     else:
         run_dir = args.run_dir or f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
@@ -587,16 +600,22 @@ def train(args: Args) -> None:
         set_rng_state(ckpt["rng"])
     next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
+    if args.track:  # before the SummaryWriter: sync_tensorboard only sees writers opened later
+        wandb.init(project=args.wandb_project_name, config=asdict(args), sync_tensorboard=True, dir=run_dir,
+                   name=os.path.basename(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
     # Points at global_step were logged before that checkpoint was saved: purge only later ones.
     writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt is not None else None)
     if ckpt is None:
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-    if args.track:
-        wandb.init(project=args.wandb_project_name, config=asdict(args), sync_tensorboard=True, dir=run_dir,
-                   name=os.path.basename(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
+
+    def close(exit_code: int = 0) -> None:  # every exit path after wandb.init
+        writer.close()
+        envs.close()
+        if args.track:
+            wandb.finish(exit_code=exit_code)
 
     def checkpoint_state() -> dict:
-        return {"algo": "ppg", "env_id": args.env_id, "args": asdict(args), "run_dir": run_dir,
+        return {"algo": "ppg", "env_id": args.env_id, "args": asdict(args), "run_dir": os.path.abspath(run_dir),
                 "global_step": global_step, "iteration": iteration, "phase_iteration": phase_iteration,
                 "aux_phases": aux_phases, "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
                 "aux_optimizer": aux_optimizer.state_dict(), "aux_obs": aux_obs[:phase_iteration].cpu(),
@@ -609,12 +628,18 @@ def train(args: Args) -> None:
                 "reward_moments": reward_moments, "reward_ret": reward_ret.cpu(), "rng": rng_state()}
 
     stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop.update(signal=signum)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal kills at once
+            signal.signal(sig, signal.SIG_DFL)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
+        signal.signal(sig, on_signal)
 
     num_iterations = args.total_steps // batch_size
     start_time, start_step, last_print = time.time(), global_step, 0.0
-    while iteration < num_iterations:
+    while iteration < num_iterations and not stop["signal"]:
         iteration += 1
         t_iter = time.time()
         frac = 1.0 - (iteration - 1) / num_iterations if args.anneal_lr else 1.0
@@ -678,6 +703,7 @@ def train(args: Args) -> None:
 
         all_stats = list(stats.values()) + (list(aux_stats.values()) if aux_stats else [])
         if not all(np.isfinite(all_stats)):
+            close(exit_code=1)
             raise fail(f"non-finite loss at step {global_step}; the last good checkpoint is kept; lower --learning-rate")
         with torch.no_grad():
             var_y = masked_mean((batch["returns"] - masked_mean(batch["returns"], w)) ** 2, w)
@@ -695,17 +721,13 @@ def train(args: Args) -> None:
         sps = int((global_step - start_step) / max(time.time() - start_time, 1e-9))
         writer.add_scalar("charts/SPS", sps, global_step)
 
+        if stop["signal"]:  # skip any evaluation still to come; saved right after the loop
+            break
         if args.eval_interval and iteration < num_iterations and global_step // args.eval_interval > (global_step - batch_size) // args.eval_interval:
             eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device)
             writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-        if stop["signal"] or (args.checkpoint_interval and
-                              global_step // args.checkpoint_interval > (global_step - batch_size) // args.checkpoint_interval):
+        if args.checkpoint_interval and global_step // args.checkpoint_interval > (global_step - batch_size) // args.checkpoint_interval:
             save_checkpoint(ckpt_path, checkpoint_state())
-        if stop["signal"]:
-            print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} -> {ckpt_path}", flush=True)
-            writer.close()
-            envs.close()
-            return
         if time.time() - last_print > 5 or iteration == num_iterations:
             last_print = time.time()
             ret = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
@@ -713,12 +735,15 @@ def train(args: Args) -> None:
             print(f"step {global_step:,}/{args.total_steps:,} | {sps:,} SPS | return {ret} | "
                   f"aux {aux_time / max(train_time, 1e-9):.0%} | eta {eta / 60:.1f}m", flush=True)
 
+    sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)  # the training loop only
     save_checkpoint(ckpt_path, checkpoint_state())
-    sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)  # training only, no final eval
+    if stop["signal"]:
+        print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} -> {ckpt_path}", flush=True)
+        return close()
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device, video_dir)
     writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-    wall = time.time() - start_time
+    wall = time.time() - process_start  # the whole process: startup, training, final checkpoint and eval
     write_json(os.path.join(run_dir, "summary.json"), {
         "script": SCRIPT, "algo": "ppg", "env_id": args.env_id, "seed": args.seed, "arch": args.arch,
         "global_step": global_step, "eval_mean": float(np.mean(eval_returns)), "eval_std": float(np.std(eval_returns)),
@@ -727,10 +752,7 @@ def train(args: Args) -> None:
         "aux_phase_time_fraction": aux_time / max(train_time, 1e-9),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
     print(f"done: step {global_step:,} | eval {np.mean(eval_returns):.1f} +- {np.std(eval_returns):.1f} | {run_dir}")
-    writer.close()
-    envs.close()
-    if args.track:
-        wandb.finish()
+    close()
 
 
 if __name__ == "__main__":

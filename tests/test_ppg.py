@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -205,6 +208,7 @@ def test_policy_phase_trains_policy_for_e_pi_epochs_only():
 
 
 # ------------------------------------------------------------ end to end
+@pytest.mark.slow
 def test_tiny_run_outputs_and_checkpoint(tmp_run):
     check_ok(run_script("ppg.py", "--total-steps", "640", "--eval-interval", "320", "--run-dir", str(tmp_run), *TINY))
     s = summary(tmp_run)
@@ -223,14 +227,17 @@ def test_tiny_run_outputs_and_checkpoint(tmp_run):
     assert ckpt["algo"] == "ppg" and ckpt["global_step"] == 640 and ckpt["phase_iteration"] == 1
     assert ckpt["aux_obs"].shape == (1, 64, 4) and "aux_optimizer" in ckpt and "optimizer" in ckpt
 
+    # --seed and --env-id are the checkpoint's, so this repeats the run's own final evaluation.
     proc = run_script("ppg.py", "--eval-only", "--checkpoint", str(tmp_run / "checkpoints" / "latest.pt"),
-                      "--eval-episodes", "1", "--capture-video")
+                      "--eval-episodes", "1", "--capture-video", "--seed", "7", "--env-id", "Acrobot-v1")
     check_ok(proc)
     result = json.loads((tmp_run / "eval.json").read_text())
-    assert result["eval_episodes"] == 1 and result["global_step"] == 640
+    assert result["eval_episodes"] == 1 and result["global_step"] == 640 and result["env_id"] == "CartPole-v1"
+    assert result["eval_returns"] == s["eval_returns"][:1]
     assert list((tmp_run / "videos").glob("*.mp4"))
 
 
+@pytest.mark.slow
 def test_copy_alone_shared_arch(tmp_path):
     script = copy_alone("ppg.py", tmp_path / "alone")
     proc = run_script(script, "--total-steps", "256", "--arch", "shared", "--eval-interval", "0", *TINY,
@@ -247,17 +254,20 @@ def test_resume_mid_phase_matches_uninterrupted_run(tmp_path):
     common = [*TINY, "--no-anneal-lr", "--norm-reward", "--eval-interval", "0", "--checkpoint-interval", "0"]
     full, part = tmp_path / "full", tmp_path / "part"
     check_ok(run_script("ppg.py", "--total-steps", "1024", "--run-dir", str(full), *common))
-    check_ok(run_script("ppg.py", "--total-steps", "448", "--run-dir", str(part), *common))
-    ckpt = torch.load(part / "checkpoints" / "latest.pt", weights_only=True)
+    check_ok(run_script("ppg.py", "--total-steps", "448", "--run-dir", str(tmp_path / "first"), *common))
+    ckpt = torch.load(tmp_path / "first" / "checkpoints" / "latest.pt", weights_only=True)
     assert ckpt["phase_iteration"] == 1 and ckpt["aux_phases"] == 2  # 7 iterations: mid-phase
+    # The run folder is moved before the resume: output goes beside the checkpoint, not to the stored path.
+    shutil.move(tmp_path / "first", part)
     check_ok(run_script("ppg.py", "--total-steps", "1024", "--resume", str(part / "checkpoints" / "latest.pt"), *common))
-    assert summary(part)["global_step"] == 1024
+    assert summary(part)["global_step"] == 1024 and not (tmp_path / "first").exists()
     assert [s for s, _ in scalars(part, "losses/aux/kl")] == [192, 384, 576, 768, 960]
     tags_equal(full, part, ["losses/aux/kl", "losses/aux/aux_value", "losses/aux/value", "losses/policy_loss",
                             "losses/value_loss", "charts/episodic_return"])
     assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics(tmp_path):
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
@@ -266,6 +276,7 @@ def test_same_seed_same_metrics(tmp_path):
     assert summary(dirs[0])["eval_returns"] == summary(dirs[1])["eval_returns"]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_run):
     cmd = [sys.executable, str(ALGOS / "ppg.py"), "--total-steps", "10000000", "--run-dir", str(tmp_run),
            "--checkpoint-interval", "0", "--eval-interval", "0"]
@@ -314,6 +325,8 @@ def refused(tmp_path, **kwargs) -> str:
     ({"e_pi": 0}, ["--e-pi"]),
     ({"e_aux": -1}, ["--e-aux"]),
     ({"eval_only": True}, ["--checkpoint"]),
+    ({"eval_only": True, "checkpoint": "/nonexistent/latest.pt", "eval_episodes": 0}, ["--eval-episodes"]),
+    ({"eval_only": True, "checkpoint": "/nonexistent/latest.pt", "eval_episodes": -2}, ["--eval-episodes"]),
     ({"resume": "/nonexistent/latest.pt"}, ["does not exist"]),
 ])
 def test_bad_input(kwargs, fragments, tmp_path):
@@ -335,8 +348,91 @@ def test_bad_checkpoints(tmp_path):
                          ({"n_pi": 4}, "--n-pi 8"), ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"),
                          ({"e_aux": 0}, "--e-aux 6")]:
         assert flag in refused(tmp_path, resume=str(mine), **change)
+    torch.save({"algo": "ppg", "args": ppg.asdict(ppg.Args()), "global_step": 4096}, mine)
+    message = refused(tmp_path, resume=str(mine), total_steps=4000)
+    assert "--total-steps 4,000 is below the checkpoint's step 4,096" in message
+
+
+def test_checkpoint_run_dir_comes_from_the_files_location(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert ppg.checkpoint_run_dir("runs/a/checkpoints/latest.pt") == str(tmp_path / "runs" / "a")
+    assert ppg.checkpoint_run_dir(str(tmp_path / "elsewhere" / "x.pt")) == str(tmp_path / "elsewhere")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
 def test_cuda_requested_without_cuda(tmp_path):
     assert "CUDA" in refused(tmp_path, device="cuda")
+
+
+# ------------------------------------------- exit paths, in process (fast)
+@pytest.fixture
+def in_process(tmp_path, monkeypatch):
+    """train() in this process with a fake wandb; records the order of wandb.init, the
+    SummaryWriter, evaluations and wandb.finish. Restores pytest's signal handlers."""
+    events = []
+    fake = types.SimpleNamespace(init=lambda **kw: events.append("init"),
+                                 finish=lambda exit_code=None: events.append(("finish", exit_code)))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    real_writer, real_evaluate = ppg.SummaryWriter, ppg.evaluate
+    monkeypatch.setattr(ppg, "SummaryWriter", lambda *a, **kw: events.append("writer") or real_writer(*a, **kw))
+
+    def evaluate(*a, **kw):
+        events.append("eval")
+        return real_evaluate(*a, **kw)
+
+    monkeypatch.setattr(ppg, "evaluate", evaluate)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    run_dir = tmp_path / "run"
+
+    def run(**kwargs):
+        tiny = dict(run_dir=str(run_dir), track=True, torch_deterministic=False, num_envs=4, num_steps=16,
+                    num_minibatches=2, n_pi=2, e_pi=1, e_v=1, e_aux=1, aux_num_minibatches=2,
+                    eval_episodes=1, eval_interval=64)
+        ppg.train(ppg.Args(**{**tiny, **kwargs}))
+
+    yield types.SimpleNamespace(run=run, events=events, run_dir=run_dir)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def test_wandb_starts_before_the_writer_and_finishes(in_process):
+    in_process.run(total_steps=128)
+    assert in_process.events == ["init", "writer", "eval", "eval", ("finish", 0)]  # eval at 64 and the final one
+
+
+def test_non_finite_loss_finishes_wandb(in_process, monkeypatch):
+    monkeypatch.setattr(ppg, "policy_phase", lambda *a: {"policy_loss": math.nan})
+    with pytest.raises(SystemExit, match="non-finite loss"):
+        in_process.run(total_steps=128)
+    assert in_process.events == ["init", "writer", ("finish", 1)]
+
+
+def test_signal_skips_evaluations_saves_and_second_signal_kills(in_process, monkeypatch):
+    real_phase = ppg.policy_phase
+
+    def phase_then_sigterm(*a):  # SIGTERM arrives during the first update
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_phase(*a)
+
+    monkeypatch.setattr(ppg, "policy_phase", phase_then_sigterm)
+    in_process.run(total_steps=6400)
+    assert in_process.events == ["init", "writer", ("finish", 0)]  # no evaluation after the signal
+    assert torch.load(in_process.run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 64
+    assert not (in_process.run_dir / "summary.json").exists()
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_sps_counts_the_training_loop_and_wall_time_the_whole_run(in_process, monkeypatch):
+    real_check_env, real_save = ppg.check_env, ppg.save_checkpoint
+
+    def slow(seconds, fn=lambda *a: [1.0]):
+        return lambda *a, **kw: time.sleep(seconds) or fn(*a, **kw)
+
+    # 1 s of startup, 0.5 s final checkpoint (the only one), 1 s final evaluation (--eval-interval 0)
+    monkeypatch.setattr(ppg, "check_env", slow(1.0, real_check_env))
+    monkeypatch.setattr(ppg, "save_checkpoint", slow(0.5, real_save))
+    monkeypatch.setattr(ppg, "evaluate", slow(1.0))
+    in_process.run(total_steps=128, eval_interval=0, checkpoint_interval=0)
+    s = summary(in_process.run_dir)
+    loop_time = s["global_step"] / s["sps"]
+    assert s["wall_time_s"] >= 2.5 and loop_time <= s["wall_time_s"] - 2.5
