@@ -25,7 +25,10 @@ Implementation details:
  2. Rewards: the network learns from sign(r) (Nature's clipping); `charts/episodic_return` is
     the unclipped full-game score (all lives) and `charts/episodic_length` is in agent steps.
  3. A lost life is terminal for learning only (d = 1 in the replay), detected as a drop of
-    `info["lives"]`; the game (and the score) goes on.
+    `info["lives"]` within a game (after a game end the count is the next game's); the game
+    (and the score) goes on. Deviation from CleanRL: unlike its EpisodicLife + FireReset
+    wrappers, FIRE is not pressed after a lost life (only when a game starts); the agent
+    learns to press it, which changes Breakout's early learning curve.
  4. Autoreset mode SameStep: the step that ends a game returns the first observation of the
     next game and the real last one in `info["final_obs"]`, which becomes s' of the stored
     transition. No transition spans two games. Truncation (`--max-episode-frames`) stores
@@ -41,14 +44,16 @@ Implementation details:
     clipping to [-1, 1] (a Huber loss); learning starts at 80k steps instead of 50k.
  8. Steps count environment steps summed over envs. With several envs, the number of
     updates per env step (1 / --train-frequency) and the target period stay as with one.
- 9. Evaluation: one fresh env per episode, seeds seed + 10000 + i, epsilon = --eval-epsilon
-    (0.05, as Nature and CleanRL): a purely greedy agent can stall forever in games that need
-    FIRE after a lost life (Breakout), and the random actions come from a fixed-seed generator
-    so evaluation stays reproducible.
+ 9. Evaluation: one AtariVectorEnv with one sub-env per game, seeds seed + 10000 + i, epsilon
+    = --eval-epsilon (0.05, as Nature and CleanRL): a purely greedy agent can stall forever
+    in games that need FIRE after a lost life (detail 3), and the random actions come from a
+    fixed-seed generator so evaluation stays reproducible. --eval-only takes the env, seed,
+    frame cap and epsilon from the checkpoint: it repeats the run's own final evaluation.
 10. Checkpoints hold the replay memory as tensors sharing the numpy storage (no copy while
-    saving; a full memory adopts the loaded arrays, so ~7 GB on disk and in RAM, not twice). SIGINT/SIGTERM save a checkpoint and exit 0 without
-    summary.json. On resume the emulators restart (their state is not saved), so the game
-    in progress is cut like a truncation; pass the same arguments plus --resume.
+    saving; a full memory adopts the loaded arrays, so ~7 GB on disk and in RAM, not twice).
+    SIGINT/SIGTERM abandon any evaluation, save a checkpoint and exit 0 without summary.json
+    (a second Ctrl-C kills). On resume the emulators restart (their state is not saved), so
+    the game in progress is cut like a truncation; pass the same arguments plus --resume.
 
 Usage: python dqn_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
@@ -56,7 +61,6 @@ Usage: python dqn_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 1000000
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
@@ -89,7 +93,7 @@ class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """Atari id: <Game>NoFrameskip-v4 (no sticky actions) or ALE/<Game>-v5 (sticky actions 0.25)"""
     seed: int = 1
-    """seed of python, numpy, torch and the environments"""
+    """seed of python, numpy, torch and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
     """environment steps in total, summed over envs"""
     num_envs: int = 1
@@ -101,7 +105,7 @@ class Args:
     exp_name: str = "dqn_atari"
     """experiment name, part of the run directory"""
     run_dir: str | None = None
-    """run directory (default runs/<env>__<exp>__<seed>__<unixtime>)"""
+    """run directory (default runs/<env>__<exp>__<seed>__<unixtime>; with --resume/--eval-only: the checkpoint's)"""
     checkpoint_interval: int = 1_000_000
     """env steps between checkpoints (0: only at the end); each one writes the replay memory"""
     resume: str | None = None
@@ -111,7 +115,7 @@ class Args:
     eval_interval: int = 1_000_000
     """env steps between evaluations (0: only at the end)"""
     eval_only: bool = False
-    """only evaluate --checkpoint"""
+    """only evaluate --checkpoint, with its run's env, seed, --max-episode-frames and --eval-epsilon"""
     checkpoint: str | None = None
     """checkpoint for --eval-only"""
     capture_video: bool = False
@@ -247,16 +251,17 @@ class FrameReplayBuffer:
         self.head[e] = (h + 1) % self.cap
         self.written[e] += 1
 
-    def add(self, obs, action, reward, next_obs, done, ended) -> np.ndarray:
-        """Store one step of every env: s, a, r, s' (the real final obs if the game ended), d, and
-        `ended` (game over or truncation: the next obs starts a new game). Returns flat ids."""
+    def add(self, frame, action, reward, next_frame, done, ended) -> np.ndarray:
+        """Store one step of every env: the newest frames of s and s' (the real final obs if the game
+        ended), a, r, d, and `ended` (game over or truncation: the next obs starts a new game).
+        Returns flat ids."""
         start = np.flatnonzero(self.need_start)
         if start.size:
-            self._write(start, obs[start, -1], True)
+            self._write(start, frame[start], True)
         cur = (self.head - 1) % self.cap  # slot of the newest frame of s
         self.actions[cur, self.envs], self.rewards[cur, self.envs], self.dones[cur, self.envs] = action, reward, done
         self.valid[cur, self.envs] = True
-        self._write(self.envs, next_obs[:, -1], False)
+        self._write(self.envs, next_frame, False)
         self.need_start = np.asarray(ended, np.bool_).copy()
         return cur * self.n + self.envs
 
@@ -300,6 +305,18 @@ class FrameReplayBuffer:
         self.need_start[:] = True  # the envs restart after a resume
 
 
+def store_step(rb: FrameReplayBuffer, obs, actions, reward, next_obs, terminated, truncated, info, lives):
+    """Details 2-4 for one vector step: store (s, a, sign(r), real s', d) with d = game over or lost
+    life. Returns (ended, the lives to compare with next step, flat ids of the stored transitions)."""
+    ended = terminated | truncated
+    # after a game end info["lives"] is the next game's count, and a game with bonus lives can end
+    # above it: compare within a game only (a life lost on a truncation's own step is not visible)
+    life_lost = (info["lives"] < lives) & ~ended
+    next_frame = np.where(ended[:, None, None], info["final_obs"][:, -1], next_obs[:, -1]) if ended.any() else next_obs[:, -1]
+    ids = rb.add(obs[:, -1], actions, np.sign(reward), next_frame, terminated | life_lost, ended)
+    return ended, info["lives"].copy(), ids
+
+
 # ---------------------------------------------------------------- checkpoints, evaluation
 def save_checkpoint(path: Path, state: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -317,27 +334,40 @@ def load_checkpoint(path: str, args: Args, what: str) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("algo") != "dqn_atari":
         algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
         raise fail(f"{path!r} is a checkpoint of {algo!r}, not dqn_atari; use the matching script")
-    if ckpt["env_id"] != args.env_id:
-        raise fail(f"{path!r} was trained on {ckpt['env_id']}, not {args.env_id}; pass --env-id {ckpt['env_id']}")
-    if what == "--resume":
-        for key in ("num_envs", "buffer_size"):
-            if ckpt["args"][key] != getattr(args, key):
-                flag = "--" + key.replace("_", "-")
-                raise fail(f"{path!r} has {flag} {ckpt['args'][key]}, not {getattr(args, key)}; resume with {flag} {ckpt['args'][key]}")
-    needed = ("n_actions", "q_network", "global_step") + (("target_network", "optimizer", "buffer", "rng", "updates", "run_dir") if what == "--resume" else ())
+    needed = ("env_id", "args", "n_actions", "q_network", "global_step") + (("target_network", "optimizer", "buffer", "rng", "updates") if what == "--resume" else ())
     missing = [key for key in needed if key not in ckpt]
     if missing:
         raise fail(f"{path!r} is incomplete (no {', '.join(missing)}); use a checkpoint written by dqn_atari.py")
+    if what == "--resume":  # --eval-only takes env and network from the checkpoint
+        if ckpt["env_id"] != args.env_id:
+            raise fail(f"{path!r} was trained on {ckpt['env_id']}, not {args.env_id}; pass --env-id {ckpt['env_id']}")
+        for key in ("num_envs", "buffer_size"):
+            if ckpt["args"].get(key) != getattr(args, key):
+                flag = "--" + key.replace("_", "-")
+                raise fail(f"{path!r} has {flag} {ckpt['args'].get(key)}, not {getattr(args, key)}; resume with {flag} {ckpt['args'].get(key)}")
     return ckpt
 
 
-def evaluate(q_network: nn.Module, args: Args, device: torch.device, episodes: int) -> list[float]:
-    """Unclipped full-game scores of `episodes` games, one env each, epsilon-greedy (detail 9)."""
+def checkpoint_run_dir(path: str, run_dir: str | None) -> Path:
+    """Where --resume and --eval-only write: --run-dir, else the run folder holding the checkpoint
+    (the parent of its checkpoints/ folder; the run may have been moved since it was saved)."""
+    if run_dir:
+        return Path(run_dir)
+    folder = Path(path).resolve().parent
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
+def evaluate(q_network: nn.Module, args: Args, device: torch.device, episodes: int, stop=()) -> list[float] | None:
+    """Unclipped full-game scores of `episodes` games, one sub-env each, epsilon-greedy (detail 9);
+    None if a stop signal arrives meanwhile (the time is the checkpoint's)."""
     env = make_env(args, episodes)
     rng = np.random.default_rng(args.seed + 10_000)
     obs, _ = env.reset(seed=args.seed + 10_000)  # env i gets seed + 10000 + i
     returns, running, finished = np.zeros(episodes), np.zeros(episodes), np.zeros(episodes, np.bool_)
     while not finished.all():
+        if stop:
+            env.close()
+            return None
         with torch.inference_mode():
             greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
         actions = np.where(rng.random(episodes) < args.eval_epsilon, rng.integers(0, env.single_action_space.n, episodes), greedy)
@@ -404,6 +434,7 @@ def check_args(args: Args) -> None:
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
+    t0 = time.time()  # summary's wall_time_s: the whole process
     check_args(args)
     atari_game(args.env_id)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else "cpu" if args.device == "auto" else args.device)
@@ -415,153 +446,178 @@ def train(args: Args) -> None:
 
     if args.eval_only:
         ckpt = load_checkpoint(args.checkpoint, args, "--checkpoint")
-        run_dir = Path(args.run_dir or Path(args.checkpoint).resolve().parent.parent)
+        for key in ("env_id", "seed", "max_episode_frames", "eval_epsilon"):  # the run's own final evaluation (detail 9)
+            setattr(args, key, ckpt["args"].get(key, getattr(args, key)))
+        run_dir = checkpoint_run_dir(args.checkpoint, args.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         q_network = QNetwork(ckpt["n_actions"]).to(device).to(memory_format=torch.channels_last)
         q_network.load_state_dict(ckpt["q_network"])
         returns = evaluate(q_network, args, device, args.eval_episodes)
         if args.capture_video:
             record_video(q_network, args, device, run_dir / "videos")
-        result = {"script": SCRIPT, "algo": "dqn_atari", "env_id": args.env_id, "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"],
+        result = {"script": SCRIPT, "algo": "dqn_atari", "env_id": args.env_id, "seed": args.seed, "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"],
                   "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
         write_json(run_dir / "eval.json", result)
-        print(f"eval over {len(returns)} games: {result['eval_mean']:.2f} +- {result['eval_std']:.2f}")
+        print(f"eval {args.env_id} (seed {args.seed}) over {len(returns)} games: {result['eval_mean']:.2f} +- {result['eval_std']:.2f}")
         return
 
-    ckpt = load_checkpoint(args.resume, args, "--resume") if args.resume else None
-    if ckpt is not None and args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; raise it")
-    if ckpt is None:
-        run_dir = Path(args.run_dir or f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    else:  # continue in the run dir that holds the checkpoint (it may have been moved since)
-        ckpt_dir = Path(args.resume).resolve().parent
-        run_dir = ckpt_dir.parent if ckpt_dir.name == "checkpoints" else Path(ckpt["run_dir"])
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    args.run_dir = str(run_dir)
     if args.track:
         try:
             import wandb
         except ImportError:
             raise fail("--track needs the wandb package; pip install wandb or drop --track") from None
+    ckpt = load_checkpoint(args.resume, args, "--resume") if args.resume else None
+    if ckpt is not None and args.total_steps < ckpt["global_step"]:
+        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; raise it")
+    if ckpt is None:
+        run_dir = Path(args.run_dir or f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    else:
+        run_dir = checkpoint_run_dir(args.resume, args.run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    args.run_dir = str(run_dir)
+    if args.track:  # before the SummaryWriter exists, so sync_tensorboard sees it
         wandb.init(project=args.wandb_project_name, config=vars(args), sync_tensorboard=True, dir=str(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
-    write_json(run_dir / "config.json", asdict(args))
+    try:
+        write_json(run_dir / "config.json", asdict(args))
 
-    envs = make_env(args, args.num_envs)
-    n, n_actions = args.num_envs, int(envs.single_action_space.n)
-    q_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
-    target_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
-    target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-    rb = FrameReplayBuffer(args.buffer_size, n)
-    rng = np.random.default_rng(args.seed)  # exploration and replay sampling
-    global_step, updates = 0, 0
-    if ckpt is not None:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        rb.load_state_dict(ckpt["buffer"])
-        global_step, updates = ckpt["global_step"], ckpt["updates"]
-        rng.bit_generator.state = ckpt["rng"]["numpy"]
-        random.setstate((ckpt["rng"]["python"][0], tuple(ckpt["rng"]["python"][1]), ckpt["rng"]["python"][2]))
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        del ckpt
-    # purge what a killed run logged after its checkpoint; points at the checkpoint's own step
-    # (the final evaluation of a finished run) were logged by a state we continue from
-    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if args.resume else None)
-    if not args.resume:
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        envs = make_env(args, args.num_envs)
+        n, n_actions = args.num_envs, int(envs.single_action_space.n)
+        q_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
+        target_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
+        target_network.load_state_dict(q_network.state_dict())
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+        rb = FrameReplayBuffer(args.buffer_size, n)
+        rng = np.random.default_rng(args.seed)  # exploration and replay sampling
+        global_step, updates = 0, 0
+        if ckpt is not None:
+            q_network.load_state_dict(ckpt["q_network"])
+            target_network.load_state_dict(ckpt["target_network"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            rb.load_state_dict(ckpt["buffer"])
+            global_step, updates = ckpt["global_step"], ckpt["updates"]
+            rng.bit_generator.state = ckpt["rng"]["numpy"]
+            random.setstate((ckpt["rng"]["python"][0], tuple(ckpt["rng"]["python"][1]), ckpt["rng"]["python"][2]))
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            cuda_states = ckpt["rng"].get("cuda") or []
+            if torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda_states)
+            del ckpt
+        # purge what a killed run logged after its checkpoint; points at the checkpoint's own step
+        # (the final evaluation of a finished run) were logged by a state we continue from
+        writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if args.resume else None)
+        if not args.resume:
+            writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # any non-finite loss since the last look
 
-    def checkpoint() -> None:
-        py_state = random.getstate()
-        save_checkpoint(run_dir / "checkpoints" / "latest.pt", {
-            "algo": "dqn_atari", "env_id": args.env_id, "args": asdict(args), "run_dir": str(run_dir), "global_step": global_step, "updates": updates, "n_actions": n_actions,
-            "q_network": q_network.state_dict(), "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
-            "buffer": rb.state_dict(), "rng": {"numpy": rng.bit_generator.state, "python": [py_state[0], list(py_state[1]), py_state[2]], "torch": torch.get_rng_state()}})
+        def check_finite() -> None:  # before saving, evaluating and logging; per update it would sync the GPU
+            if nonfinite.item():
+                raise fail(f"non-finite loss before step {global_step:,}; the last good checkpoint is kept; lower --learning-rate")
 
-    stop = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.append(signum))
+        def checkpoint() -> None:
+            check_finite()
+            py_state = random.getstate()
+            save_checkpoint(run_dir / "checkpoints" / "latest.pt", {
+                "algo": "dqn_atari", "env_id": args.env_id, "args": asdict(args), "run_dir": str(run_dir.resolve()), "global_step": global_step, "updates": updates,
+                "n_actions": n_actions, "q_network": q_network.state_dict(), "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
+                "buffer": rb.state_dict(), "rng": {"numpy": rng.bit_generator.state, "python": [py_state[0], list(py_state[1]), py_state[2]], "torch": torch.get_rng_state(),
+                                                   "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}})
 
-    obs, info = envs.reset(seed=args.seed + global_step)  # a resumed run restarts the games (detail 10)
-    lives = info["lives"].copy()
-    ep_return, ep_length = np.zeros(n), np.zeros(n, np.int64)
-    recent = deque(maxlen=20)
-    start_step, start_time, last_print = global_step, time.time(), time.time()
-    while global_step < args.total_steps:
-        if stop:
-            checkpoint()
+        stop = []
+
+        def on_signal(signum, frame) -> None:
+            stop.append(signum)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C kills at once
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
+
+        def interrupted() -> None:
             print(f"signal {stop[0]}: saved {run_dir / 'checkpoints' / 'latest.pt'} at step {global_step:,}; continue with --resume")
-            envs.close()
             writer.close()
-            return
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_steps, global_step)
-        explore, actions = rng.random(n) < epsilon, rng.integers(0, n_actions, n)
-        if not explore.all():
-            with torch.inference_mode():
-                greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
-            actions = np.where(explore, actions, greedy)
-        next_obs, reward, terminated, truncated, info = envs.step(actions)
-        prev_step, global_step = global_step, global_step + n
 
-        ended = terminated | truncated
-        life_lost = info["lives"] < lives  # at a game over the info already holds the next game's lives
+        obs, info = envs.reset(seed=args.seed + global_step)  # a resumed run restarts the games (detail 10)
         lives = info["lives"].copy()
-        ep_return += reward
-        ep_length += 1
-        for e in np.flatnonzero(ended):
-            writer.add_scalar("charts/episodic_return", ep_return[e], global_step)
-            writer.add_scalar("charts/episodic_length", ep_length[e], global_step)
-            recent.append(ep_return[e])
-            ep_return[e], ep_length[e] = 0.0, 0
-        real_next_obs = np.where(ended[:, None, None, None], info["final_obs"], next_obs) if ended.any() else next_obs
-        rb.add(obs, actions, np.sign(reward), real_next_obs, terminated | life_lost, ended)
-        obs = next_obs
+        ep_return, ep_length = np.zeros(n), np.zeros(n, np.int64)
+        recent = deque(maxlen=20)
+        log_every = max(1000, n)  # charts/ cadence in env steps, independent of updates
+        start_step, start_time, last_print = global_step, time.time(), time.time()
+        while global_step < args.total_steps:
+            if stop:
+                checkpoint()
+                envs.close()
+                return interrupted()
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_steps, global_step)
+            explore, actions = rng.random(n) < epsilon, rng.integers(0, n_actions, n)
+            if not explore.all():
+                with torch.inference_mode():
+                    greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
+                actions = np.where(explore, actions, greedy)
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            prev_step, global_step = global_step, global_step + n
 
-        if global_step > args.learning_starts:
-            for _ in range(global_step // args.train_frequency - prev_step // args.train_frequency):
-                s, s_next, a, r, d = (torch.from_numpy(x).to(device) for x in rb.sample(args.batch_size, rng))
-                with torch.no_grad():
-                    y = td_target(r, d.float(), target_network(s_next), args.gamma)
-                q = q_network(s).gather(1, a[:, None]).squeeze(1)
-                loss = F.mse_loss(q, y)
-                if not math.isfinite(loss.item()):
-                    raise fail(f"non-finite loss at step {global_step}; the last good checkpoint is kept; lower --learning-rate")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                updates += 1
-                if updates % 100 == 0:
-                    writer.add_scalar("losses/td_loss", loss.item(), global_step)
-                    writer.add_scalar("losses/q_values", q.mean().item(), global_step)
-                    writer.add_scalar("charts/SPS", (global_step - start_step) / (time.time() - start_time), global_step)
-                    writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
-                    writer.add_scalar("charts/epsilon", epsilon, global_step)
-            if global_step // args.target_network_frequency > prev_step // args.target_network_frequency:
-                update_target(target_network, q_network, args.tau)
+            ended, lives, _ = store_step(rb, obs, actions, reward, next_obs, terminated, truncated, info, lives)
+            ep_return += reward
+            ep_length += 1
+            for e in np.flatnonzero(ended):
+                writer.add_scalar("charts/episodic_return", ep_return[e], global_step)
+                writer.add_scalar("charts/episodic_length", ep_length[e], global_step)
+                recent.append(ep_return[e])
+                ep_return[e], ep_length[e] = 0.0, 0
+            obs = next_obs
 
-        if args.eval_interval and global_step < args.total_steps and global_step // args.eval_interval > prev_step // args.eval_interval:
-            writer.add_scalar("eval/episodic_return", float(np.mean(evaluate(q_network, args, device, args.eval_episodes))), global_step)
-        if args.checkpoint_interval and global_step < args.total_steps and global_step // args.checkpoint_interval > prev_step // args.checkpoint_interval:
-            checkpoint()
-        if time.time() - last_print > 5:
-            last_print, sps = time.time(), (global_step - start_step) / (time.time() - start_time)
-            ret = f"{np.mean(recent):.1f}" if recent else "-"
-            print(f"step {global_step:,}/{args.total_steps:,} | {sps:.0f} SPS | return {ret} | eps {epsilon:.2f} | eta {(args.total_steps - global_step) / max(sps, 1e-9) / 60:.0f}m", flush=True)
+            if global_step > args.learning_starts:
+                for _ in range(global_step // args.train_frequency - prev_step // args.train_frequency):
+                    s, s_next, a, r, d = (torch.from_numpy(x).to(device) for x in rb.sample(args.batch_size, rng))
+                    with torch.no_grad():
+                        y = td_target(r, d.float(), target_network(s_next), args.gamma)
+                    q = q_network(s).gather(1, a[:, None]).squeeze(1)
+                    loss = F.mse_loss(q, y)
+                    nonfinite.logical_or_(~torch.isfinite(loss))
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    updates += 1
+                    if updates % 100 == 0:
+                        check_finite()
+                        writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                        writer.add_scalar("losses/q_values", q.mean().item(), global_step)
+                if global_step // args.target_network_frequency > prev_step // args.target_network_frequency:
+                    update_target(target_network, q_network, args.tau)
 
-    wall = time.time() - start_time
-    envs.close()
-    checkpoint()
-    returns = evaluate(q_network, args, device, args.eval_episodes)
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-    if args.capture_video:
-        record_video(q_network, args, device, run_dir / "videos")
-    writer.close()
-    write_json(run_dir / "summary.json", {
-        "script": SCRIPT, "algo": "dqn_atari", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
-        "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns,
-        "wall_time_s": wall, "sps": (global_step - start_step) / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "interrupted": False})
-    print(f"done: step {global_step:,} | eval {np.mean(returns):.2f} +- {np.std(returns):.2f} | {run_dir}")
+            if global_step // log_every > prev_step // log_every or global_step >= args.total_steps:
+                writer.add_scalar("charts/SPS", (global_step - start_step) / (time.time() - start_time), global_step)
+                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+                writer.add_scalar("charts/epsilon", epsilon, global_step)
+            if not stop and args.eval_interval and global_step < args.total_steps and global_step // args.eval_interval > prev_step // args.eval_interval:
+                check_finite()
+                returns = evaluate(q_network, args, device, args.eval_episodes, stop)
+                if returns is not None:
+                    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+            if not stop and args.checkpoint_interval and global_step < args.total_steps and global_step // args.checkpoint_interval > prev_step // args.checkpoint_interval:
+                checkpoint()
+            if time.time() - last_print > 5:
+                last_print, sps = time.time(), (global_step - start_step) / (time.time() - start_time)
+                ret = f"{np.mean(recent):.1f}" if recent else "-"
+                print(f"step {global_step:,}/{args.total_steps:,} | {sps:.0f} SPS | return {ret} | eps {epsilon:.2f} | eta {(args.total_steps - global_step) / max(sps, 1e-9) / 60:.0f}m", flush=True)
+
+        loop_time = max(time.time() - start_time, 1e-9)
+        envs.close()
+        checkpoint()
+        returns = None if stop else evaluate(q_network, args, device, args.eval_episodes, stop)
+        if returns is None:  # the run is complete but unevaluated: --resume with the same --total-steps evaluates it
+            return interrupted()
+        writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+        if args.capture_video and not stop:
+            record_video(q_network, args, device, run_dir / "videos")
+        writer.close()
+        write_json(run_dir / "summary.json", {
+            "script": SCRIPT, "algo": "dqn_atari", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
+            "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns,
+            "wall_time_s": time.time() - t0, "sps": (global_step - start_step) / loop_time, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        print(f"done: step {global_step:,} | eval {np.mean(returns):.2f} +- {np.std(returns):.2f} | {run_dir}")
+    finally:
+        if args.track:
+            wandb.finish()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import os
+import types
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +47,13 @@ class NaiveReplay:
 class FakeAtari:
     """A vector env with AtariVectorEnv's SameStep semantics and its reset stacks (zeros, then the
     first frame); frames are random so any mixing of two games is visible. Terminations,
-    truncations and life losses happen at random."""
+    truncations, life losses and bonus lives happen at random; `life_lost` is the truth."""
 
     def __init__(self, num_envs, rng, shape=(7, 7)):
         self.n, self.rng, self.shape = num_envs, rng, shape
         self.stacks = np.zeros((num_envs, 4, *shape), np.uint8)
         self.lives = np.full(num_envs, 3)
+        self.life_lost = np.zeros(num_envs, np.bool_)
 
     def _reset(self, e):
         self.stacks[e] = 0
@@ -66,9 +69,11 @@ class FakeAtari:
         self.stacks = np.roll(self.stacks, -1, axis=1)
         self.stacks[:, -1] = self.rng.integers(1, 256, (self.n, *self.shape))
         reward = self.rng.integers(-2, 3, self.n).astype(np.float32)
-        self.lives -= self.rng.random(self.n) < 0.05
+        truncated = self.rng.random(self.n) < 0.03  # (the frame cap: no life is lost on that step)
+        self.life_lost = ~truncated & (self.rng.random(self.n) < 0.05)
+        self.lives += ~truncated & ~self.life_lost & (self.rng.random(self.n) < 0.05)  # bonus lives: a game can end above 3
+        self.lives -= self.life_lost
         terminated = self.lives == 0
-        truncated = ~terminated & (self.rng.random(self.n) < 0.03)
         final = self.stacks.copy()
         for e in np.flatnonzero(terminated | truncated):
             self._reset(e)
@@ -76,21 +81,37 @@ class FakeAtari:
 
 
 def drive(env, buffer, naive, steps, rng):
-    """The training loop's bookkeeping, feeding both memories; returns {flat id: naive id}."""
+    """The training loop's own bookkeeping (store_step) feeds the buffer; the naive memory gets whole
+    stacks and d from the env's truth (`env.life_lost`). Returns {flat id: naive id}."""
     obs, info = env.reset()
     lives, mapping = info["lives"].copy(), {}
     for _ in range(steps):
         actions = rng.integers(0, 4, env.n)
         next_obs, reward, terminated, truncated, info = env.step(actions)
-        ended = terminated | truncated
-        done = terminated | (info["lives"] < lives)
-        lives = info["lives"].copy()
-        real_next = np.where(ended[:, None, None, None], info["final_obs"], next_obs) if ended.any() else next_obs
-        flat = buffer.add(obs, actions, np.sign(reward), real_next, done, ended)
+        _, lives, flat = dqn.store_step(buffer, obs, actions, reward, next_obs, terminated, truncated, info, lives)
+        real_next = np.stack([info["final_obs"][e] if terminated[e] or truncated[e] else next_obs[e] for e in range(env.n)])
         # a flat id that is reused now refers to the newer transition
-        mapping.update(zip(flat.tolist(), naive.add(obs, actions, np.sign(reward), real_next, done)))
+        mapping.update(zip(flat.tolist(), naive.add(obs, actions, np.sign(reward), real_next, terminated | env.life_lost)))
         obs = next_obs
     return mapping
+
+
+def test_store_step_marks_only_real_life_losses():
+    """One vector step, one case per env: a truncation ending a game that had a bonus life (the next
+    game starts with fewer lives: no life was lost), a life lost mid-game, a bonus life, a game over."""
+    rb = dqn.FrameReplayBuffer(64, 4, frame_shape=(7, 7))
+    rng = np.random.default_rng(0)
+    obs, next_obs, final = (rng.integers(1, 256, (4, 4, 7, 7)).astype(np.uint8) for _ in range(3))
+    lives = np.array([4, 3, 3, 1])
+    info = {"lives": np.array([3, 2, 4, 3]), "final_obs": final}
+    terminated, truncated = np.array([False, False, False, True]), np.array([True, False, False, False])
+    ended, new_lives, ids = dqn.store_step(rb, obs, np.arange(4), np.array([2.0, -3.0, 0.0, 1.0]), next_obs, terminated, truncated, info, lives)
+    s, s_next, a, r, d = rb.get(ids)
+    assert d.tolist() == [False, True, False, True]  # the truncation still bootstraps
+    assert ended.tolist() == [True, False, False, True] and new_lives.tolist() == [3, 2, 4, 3]
+    assert r.tolist() == [1.0, -1.0, 0.0, 1.0] and a.tolist() == [0, 1, 2, 3]
+    np.testing.assert_array_equal(s[:, -1], obs[:, -1])
+    np.testing.assert_array_equal(s_next[:, -1], np.where(ended[:, None, None], final[:, -1], next_obs[:, -1]))
 
 
 def assert_same(buffer, naive, mapping, ids):
@@ -139,10 +160,14 @@ def test_buffer_matches_naive_on_real_env_stream():
         def reset(self):
             obs, info = self.env.reset(seed=3)
             assert (obs[:, :3] == 0).all() and (obs[:, 3] > 0).any()  # the padding the buffer reproduces
+            self.lives = info["lives"].copy()
             return obs, info
 
         def step(self, actions):
-            return self.env.step(actions)
+            out = self.env.step(actions)
+            # Breakout has no bonus lives and a new game starts with the most, so a drop is exact here
+            self.life_lost, self.lives = out[4]["lives"] < self.lives, out[4]["lives"].copy()
+            return out
 
     rng = np.random.default_rng(0)
     env = Real()
@@ -170,6 +195,59 @@ def test_td_target_and_schedule_by_hand():
     torch.testing.assert_close(b.weight.data, expected)
 
 
+def test_checkpoint_run_dir_rule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert dqn.checkpoint_run_dir("moved/run/checkpoints/latest.pt", None) == tmp_path / "moved" / "run"
+    assert dqn.checkpoint_run_dir("loose/latest.pt", None) == tmp_path / "loose"
+    assert dqn.checkpoint_run_dir("moved/run/checkpoints/latest.pt", "elsewhere") == Path("elsewhere")
+
+
+def test_evaluation_gives_way_to_a_stop_signal():
+    net = dqn.QNetwork(4)
+    assert dqn.evaluate(net, dqn.Args(), torch.device("cpu"), 2, stop=[signal.SIGTERM]) is None
+
+
+@pytest.mark.slow
+def test_eval_only_takes_env_seed_and_protocol_from_checkpoint(tmp_path):
+    """A Pong checkpoint of a seed-7 run, evaluated without --env-id or --seed: the run's own evaluation."""
+    torch.manual_seed(0)
+    net = dqn.QNetwork(6)
+    run_args = dqn.Args(env_id="ALE/Pong-v5", seed=7, max_episode_frames=240, eval_epsilon=0.5)
+    path = tmp_path / "run" / "checkpoints" / "latest.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"algo": "dqn_atari", "env_id": run_args.env_id, "args": asdict(run_args), "n_actions": 6, "q_network": net.state_dict(), "global_step": 5}, path)
+    dqn.train(dqn.Args(eval_only=True, checkpoint=str(path), eval_episodes=2, device="cpu"))
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert (result["env_id"], result["seed"], result["global_step"], result["eval_episodes"]) == ("ALE/Pong-v5", 7, 5, 2)
+    assert result["eval_returns"] == dqn.evaluate(net, run_args, torch.device("cpu"), 2)
+
+
+@pytest.mark.slow
+def test_track_inits_wandb_before_tensorboard_and_always_finishes(tmp_path, monkeypatch):
+    calls = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(("init", sorted(p.name for p in Path(kw["dir"]).iterdir()))),
+                                 finish=lambda: calls.append(("finish",)))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        tiny = dict(total_steps=64, learning_starts=32, buffer_size=64, max_episode_frames=200, eval_episodes=1, eval_interval=0,
+                    checkpoint_interval=0, device="cpu", track=True)
+        dqn.train(dqn.Args(**tiny, run_dir=str(tmp_path / "ok")))
+        assert calls == [("init", ["checkpoints"]), ("finish",)]  # no event file yet at init
+        assert json.loads((tmp_path / "ok" / "summary.json").read_text())["global_step"] == 64
+        calls.clear()
+
+        def broken(*args):
+            raise dqn.fail("emulator failed")
+        monkeypatch.setattr(dqn, "make_env", broken)
+        with pytest.raises(SystemExit, match="emulator failed"):
+            dqn.train(dqn.Args(**tiny, run_dir=str(tmp_path / "error")))
+        assert [c[0] for c in calls] == ["init", "finish"]
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def test_env_ids_map_to_games():
     assert dqn.atari_game("BreakoutNoFrameskip-v4") == ("breakout", 0.0)
     assert dqn.atari_game("ALE/Breakout-v5") == ("breakout", 0.25)
@@ -190,13 +268,17 @@ def test_tiny_run_outputs(base_run):
     s = summary(base_run)
     for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes", "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
         assert key in s
-    assert s["global_step"] == 600 and s["eval_episodes"] == 1 and s["script"] == "dqn_atari.py"
+    assert s["global_step"] == 600 and s["eval_episodes"] == 1 and s["script"] == "dqn_atari.py" and "interrupted" not in s
+    assert s["wall_time_s"] > 600 / s["sps"]  # the whole process vs. the training loop alone
     assert (base_run / "config.json").exists()
     for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate", "losses/td_loss", "eval/episodic_return"):
         assert scalars(base_run, tag), tag
     assert [step for step, _ in scalars(base_run, "eval/episodic_return")] == [300, 600]
+    for tag in ("charts/SPS", "charts/learning_rate", "charts/epsilon"):  # every 1000 steps and at the end
+        assert [step for step, _ in scalars(base_run, tag)] == [600], tag
     ckpt = torch.load(base_run / "checkpoints" / "latest.pt", weights_only=True)
     assert ckpt["algo"] == "dqn_atari" and ckpt["global_step"] == 600 and ckpt["updates"] == (600 - 200) // 4
+    assert "cuda" in ckpt["rng"]  # the CUDA generators, [] without CUDA
     assert ckpt["buffer"]["frames"].dtype == torch.uint8 and ckpt["buffer"]["frames"].shape[1:] == (1, 84, 84)
 
 
@@ -219,6 +301,7 @@ def test_resume_continues_steps_curve_and_replay(base_run, tmp_path):
     steps = [step for step, _ in scalars(run_dir, "losses/td_loss")]
     assert steps == sorted(set(steps)) and steps[0] <= 600 < steps[-1]  # one curve, no duplicated points
     assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [300, 600, 900, 1000]
+    assert [step for step, _ in scalars(run_dir, "charts/SPS")] == [600, 1000]
     after = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert after["updates"] == (1000 - 200) // 4
     head = int(before["buffer"]["head"][0])
@@ -234,21 +317,25 @@ def test_resume_continues_steps_curve_and_replay(base_run, tmp_path):
 @pytest.mark.slow
 def test_copied_alone_runs(tmp_path):
     script = copy_alone("dqn_atari.py", tmp_path)
-    args = ["--total-steps", "300", "--learning-starts", "100", "--buffer-size", "500", "--max-episode-frames", "1000",
+    args = ["--total-steps", "300", "--learning-starts", "400", "--buffer-size", "500", "--max-episode-frames", "1000",
             "--eval-episodes", "1", "--num-envs", "2", "--device", "cpu"]
     check_ok(run_script(script, *args, cwd=tmp_path))
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("BreakoutNoFrameskip-v4__dqn_atari__1__")
     assert summary(run_dir)["global_step"] == 300
+    # no update ever ran (learning starts later), the charts are there all the same
+    assert not scalars(run_dir, "losses/td_loss") and [step for step, _ in scalars(run_dir, "charts/SPS")] == [300]
 
 
 @pytest.mark.slow
 def test_eval_only_with_video(base_run, tmp_path):
-    proc = run_script("dqn_atari.py", "--eval-only", "--checkpoint", str(base_run / "checkpoints" / "latest.pt"), "--eval-episodes", "2",
-                      "--max-episode-frames", "2000", "--capture-video", "--run-dir", str(tmp_path), "--device", "cpu")
+    """Without the run's seed (3) or frame cap: eval-only repeats the run's own final evaluation."""
+    proc = run_script("dqn_atari.py", "--eval-only", "--checkpoint", str(base_run / "checkpoints" / "latest.pt"), "--eval-episodes", "1",
+                      "--capture-video", "--run-dir", str(tmp_path), "--device", "cpu")
     check_ok(proc)
     result = json.loads((tmp_path / "eval.json").read_text())
-    assert result["eval_episodes"] == 2 and len(result["eval_returns"]) == 2 and result["global_step"] == 600
+    assert result["eval_episodes"] == 1 and result["global_step"] == 600 and result["seed"] == 3
+    assert result["eval_returns"] == summary(base_run)["eval_returns"]
     assert list((tmp_path / "videos").glob("*.mp4"))
 
 
@@ -273,9 +360,16 @@ def bad_checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
     (d / "corrupt.pt").write_bytes(b"not a checkpoint")
     torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4"}, d / "other.pt")
-    torch.save({"algo": "dqn_atari", "env_id": "ALE/Pong-v5", "args": {"num_envs": 1, "buffer_size": 1000}, "global_step": 10}, d / "pong.pt")
-    torch.save({"algo": "dqn_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {"num_envs": 8, "buffer_size": 1_000_000}, "global_step": 10}, d / "eight.pt")
-    torch.save({"algo": "dqn_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {"num_envs": 1, "buffer_size": 1000}, "global_step": 10}, d / "incomplete.pt")
+
+    def fake(env_id="BreakoutNoFrameskip-v4", num_envs=1, buffer_size=1_000_000, **keys):  # every key present, dummy values
+        return {"algo": "dqn_atari", "env_id": env_id, "args": {"num_envs": num_envs, "buffer_size": buffer_size}, "global_step": 10,
+                **{k: 0 for k in ("n_actions", "q_network", "target_network", "optimizer", "buffer", "rng", "updates")}, **keys}
+    torch.save(fake(env_id="ALE/Pong-v5"), d / "pong.pt")
+    torch.save(fake(num_envs=8), d / "eight.pt")
+    torch.save(fake(), d / "at10.pt")
+    incomplete = fake()
+    del incomplete["q_network"]
+    torch.save(incomplete, d / "incomplete.pt")
     return d
 
 
@@ -297,6 +391,8 @@ BAD = [
     (["--resume", "{d}/eight.pt"], ["--num-envs 8"]),
     (["--resume", "{d}/eight.pt", "--num-envs", "8", "--buffer-size", "1000"], ["--buffer-size 1000000"]),
     (["--eval-only", "--checkpoint", "{d}/incomplete.pt"], ["incomplete", "q_network"]),
+    (["--eval-only", "--checkpoint", "{d}/at10.pt", "--eval-episodes", "0"], ["--eval-episodes"]),
+    (["--resume", "{d}/at10.pt", "--total-steps", "5"], ["below the checkpoint's step 10"]),
 ]
 
 
@@ -304,6 +400,7 @@ BAD = [
 def test_bad_input_one_line(args, fragments, bad_checkpoints, tmp_path):
     args = [a.format(d=bad_checkpoints) for a in args]
     check_error(run_script("dqn_atari.py", *args, "--run-dir", str(tmp_path / "r")), *fragments)
+    assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
 def test_bad_device_and_track(tmp_path):
@@ -311,3 +408,4 @@ def test_bad_device_and_track(tmp_path):
         check_error(run_script("dqn_atari.py", "--device", "cuda"), "CUDA")
     if importlib.util.find_spec("wandb") is None:
         check_error(run_script("dqn_atari.py", "--track", *TINY, "--run-dir", str(tmp_path / "r")), "wandb")
+        assert not (tmp_path / "r").exists()
