@@ -26,7 +26,9 @@ Implementation details:
     the whole game (all lives), comparable with published numbers. `charts/episodic_length`
     counts agent steps (each is 4 frames).
  3. A life loss ends the GAE chain and is terminal for learning (as CleanRL's EpisodicLifeEnv),
-    but the environment is not reset, so the score is the full game's.
+    but the environment is not reset, so the score is the full game's. Deviation: unlike CleanRL's
+    EpisodicLife+FireReset, FIRE is not pressed after a life loss (only when a game resets); the
+    agent learns it, so Breakout's early curve may lag CleanRL's.
  4. Time-limit truncation (`--max-episode-frames`, 108,000 frames = 30 min) bootstraps from
     V(final observation). Deviation from CleanRL, which treats it as terminal (its issue #198).
     Autoreset mode is SameStep: the step that ends an episode returns the reset observation and
@@ -40,13 +42,15 @@ Implementation details:
     preallocated uint8 rollout storage, V(final_obs) computed only for truncated envs.
  8. Evaluation: greedy (argmax) policy on separate envs seeded seed + 10_000 + i, full games,
     same sticky-action protocol. A greedy Breakout agent can stall without pressing FIRE; the
-    frame limit bounds such an episode. `--capture-video` records one extra greedy game of the
-    final (or eval-only) evaluation with gymnasium's AtariPreprocessing + RecordVideo, since the
-    vector env does not render.
- 9. Checkpoints hold the network, optimizer, step counters and RNG states, not the emulator
-    state: a resumed run restarts its games (fresh seeds), so an episode in progress is lost.
-    SIGINT/SIGTERM save a checkpoint at the end of the current iteration and exit 0 without
-    writing summary.json (summary.json means the run finished).
+    frame limit bounds such an episode. `--eval-only` takes the env, seed and frame limit from
+    the checkpoint, so it repeats the run's own final evaluation. `--capture-video` records one
+    extra greedy game of the final (or eval-only) evaluation with gymnasium's AtariPreprocessing
+    + RecordVideo, since the vector env does not render.
+ 9. Checkpoints hold the network, optimizer, step counters and RNG states (CUDA's too), not the
+    emulator state: a resumed run restarts its games (fresh seeds), so an episode in progress is
+    lost. SIGINT/SIGTERM cut short or skip any evaluation, save a checkpoint at the end of the
+    current iteration and exit 0 without writing summary.json (summary.json means the run
+    finished); a second signal kills the process.
 
 Usage: python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
@@ -92,7 +96,7 @@ class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """`<Game>NoFrameskip-v4` (no sticky actions) or `ALE/<Game>-v5` (sticky actions 0.25)"""
     seed: int = 1
-    """seed of python, numpy, torch and the environments"""
+    """seed of python, numpy, torch and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
     """agent steps summed over environments (each is 4 frames)"""
     torch_deterministic: bool = True
@@ -106,9 +110,9 @@ class Args:
     checkpoint_interval: int = 500_000
     """save checkpoints/latest.pt every this many env steps (0: only at the end)"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint"""
+    """continue the run of this checkpoint (outputs go to --run-dir, else the checkpoint's run dir)"""
     eval_episodes: int = 10
-    """greedy evaluation games at each evaluation (0: none)"""
+    """greedy evaluation games at each evaluation"""
     eval_interval: int = 0
     """evaluate every this many env steps (0: only at the end)"""
     eval_only: bool = False
@@ -122,7 +126,7 @@ class Args:
     wandb_project_name: str = "rl-training"
     """the wandb project"""
     max_episode_frames: int = 108_000
-    """emulator frames after which a game is truncated (bootstrapped)"""
+    """emulator frames after which a game is truncated (bootstrapped; --eval-only: the checkpoint's)"""
 
     # PPO (CleanRL defaults)
     num_envs: int = 8
@@ -247,6 +251,21 @@ def learning_flags(terminated, truncated, lives, prev_lives):
     return terminated | life_lost, truncated & ~terminated
 
 
+@torch.inference_mode()
+def step_targets(agent, terminated, truncated, info: dict, prev_lives, device):
+    """(terminal, truncation, V(real final obs) where truncated else 0) of one vector step.
+
+    With autoreset SameStep the returned observation of an ended env is the new game's, so the
+    bootstrap value comes from info["final_obs"]; it is computed only for the (rare) cut envs.
+    """
+    terminal, cut = learning_flags(terminated, truncated, info["lives"], prev_lives)
+    trunc_value = torch.zeros(len(cut), device=device)
+    if cut.any():
+        idx = np.flatnonzero(cut)
+        trunc_value[torch.from_numpy(idx).to(device)] = agent(torch.from_numpy(info["final_obs"][idx]).to(device))[1]
+    return terminal, cut, trunc_value
+
+
 def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma: float, gae_lambda: float):
     """Generalized advantage estimates and returns R_t = A_t + V(s_t), all (T, N) float tensors.
 
@@ -304,6 +323,8 @@ def save_checkpoint(path: Path, agent, optimizer, args: Args, run_dir: Path, glo
         "rng": {"python": list(random.getstate()[1]), "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
                 "numpy_pos": int(np_state[2]), "torch": torch.get_rng_state()},
     }
+    if torch.cuda.is_available():
+        state["rng"]["cuda"] = torch.cuda.get_rng_state_all()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda p: torch.save(state, p))
 
@@ -328,14 +349,17 @@ def restore_rng(rng: dict) -> None:
     random.setstate((3, tuple(rng["python"]), None))
     np.random.set_state(("MT19937", rng["numpy"].cpu().numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0))
     torch.set_rng_state(rng["torch"].cpu())
+    if "cuda" in rng and torch.cuda.is_available():  # map_location may have moved them to the GPU
+        torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"][:torch.cuda.device_count()]])
 
 
-def evaluate(agent, game: str, sticky: float, episodes: int, seed: int, max_frames: int, device) -> list[float]:
-    """Unclipped scores of `episodes` full greedy games, env i seeded seed + i."""
+def evaluate(agent, game: str, sticky: float, episodes: int, seed: int, max_frames: int, device, stop=()) -> list[float]:
+    """Unclipped scores of `episodes` full greedy games, env i seeded seed + i; cut short (scores
+    incomplete) as soon as `stop` is non-empty (a signal arrived)."""
     envs = make_envs(game, sticky, episodes, max_frames)
     obs, _ = envs.reset(seed=seed)
     scores, finished = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    while not finished.all():
+    while not finished.all() and not stop:
         with torch.inference_mode():
             logits, _ = agent(torch.from_numpy(obs).to(device))
         obs, reward, term, trunc, _ = envs.step(logits.argmax(1).cpu().numpy())
@@ -375,15 +399,15 @@ def check_args(args: Args) -> None:
     batch = args.num_envs * args.num_steps
     positive = {"num-envs": args.num_envs, "num-steps": args.num_steps, "num-minibatches": args.num_minibatches,
                 "update-epochs": args.update_epochs, "learning-rate": args.learning_rate, "clip-coef": args.clip_coef,
-                "max-episode-frames": args.max_episode_frames, "max-grad-norm": args.max_grad_norm}
+                "max-episode-frames": args.max_episode_frames, "max-grad-norm": args.max_grad_norm,
+                "eval-episodes": args.eval_episodes}
     for name, value in positive.items():
         if not value > 0:
             raise fail(f"--{name} must be positive, got {value}")
     for name, value in {"gamma": args.gamma, "gae-lambda": args.gae_lambda}.items():
         if not 0 <= value <= 1:
             raise fail(f"--{name} must be in [0, 1], got {value}")
-    for name, value in {"eval-episodes": args.eval_episodes, "eval-interval": args.eval_interval,
-                        "checkpoint-interval": args.checkpoint_interval}.items():
+    for name, value in {"eval-interval": args.eval_interval, "checkpoint-interval": args.checkpoint_interval}.items():
         if value < 0:
             raise fail(f"--{name} must be >= 0, got {value}")
     if batch % args.num_minibatches:
@@ -399,6 +423,7 @@ def check_args(args: Args) -> None:
 
 
 def train(args: Args) -> None:
+    process_start = time.time()  # summary's wall_time_s: the whole process
     check_args(args)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -416,8 +441,11 @@ def train(args: Args) -> None:
             for key in ("num_envs", "num_steps"):  # they define the batch and the schedule so far
                 if ckpt["args"][key] != getattr(args, key):
                     raise fail(f"--{key.replace('_', '-')} {getattr(args, key)} differs from the checkpoint's {ckpt['args'][key]}; resume with the same value")
+            if args.total_steps < ckpt["global_step"]:
+                raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
+        # the folder holding checkpoints/ (where it is now, never the path stored in the checkpoint)
         ckpt_dir = Path(path).resolve().parent
-        default_dir = ckpt_dir.parent if ckpt_dir.name == "checkpoints" else Path(ckpt["run_dir"])
+        default_dir = ckpt_dir.parent if ckpt_dir.name == "checkpoints" else ckpt_dir
     env_id = ckpt["env_id"] if args.eval_only else args.env_id
     try:
         game, sticky = atari_protocol(env_id)
@@ -438,14 +466,15 @@ def train(args: Args) -> None:
         except RuntimeError:
             raise fail(f"checkpoint's network does not fit {env_id}'s action set; use a checkpoint of this game")
 
-    if args.eval_only:
+    if args.eval_only:  # the run's own seed and frame limit: the same games as its final evaluation
         envs.close()
-        returns = evaluate(agent, game, sticky, max(args.eval_episodes, 1), args.seed + 10_000, args.max_episode_frames, device)
+        seed, max_frames = ckpt["args"]["seed"], ckpt["args"]["max_episode_frames"]
+        returns = evaluate(agent, game, sticky, args.eval_episodes, seed + 10_000, max_frames, device)
         result = {"script": NAME, "algo": Path(__file__).stem, "env_id": env_id, "checkpoint": str(args.checkpoint),
-                  "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
-                  "eval_episodes": len(returns), "eval_returns": returns}
+                  "seed": seed, "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)),
+                  "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
         if args.capture_video:
-            result["video_return"] = record_video(agent, game, sticky, run_dir / "videos", args.seed + 20_000, args.max_episode_frames, device)
+            result["video_return"] = record_video(agent, game, sticky, run_dir / "videos", seed + 20_000, max_frames, device)
         write_json(run_dir / "eval.json", result)
         print(f"eval {env_id} step {ckpt['global_step']:,}: {result['eval_mean']:.1f} +- {result['eval_std']:.1f} over {len(returns)} games")
         return
@@ -470,8 +499,19 @@ def train(args: Args) -> None:
     write_json(run_dir / "config.json", {**vars(args), "run_dir": str(run_dir), "resolved_device": str(device),
                                           "game": game, "repeat_action_probability": sticky})
     stop = []
+
+    def on_signal(signum, _frame):  # the loop saves at the next safe point; a second signal kills
+        stop.append(signum)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.append(True))
+        signal.signal(sig, on_signal)
+
+    def shutdown(exit_code: int = 0) -> None:  # every exit path: flush the events, end the W&B run
+        writer.close()
+        if args.track:
+            wandb.finish(exit_code=exit_code)
 
     T, N = args.num_steps, args.num_envs
     batch_size, minibatch_size = T * N, T * N // args.num_minibatches
@@ -487,6 +527,7 @@ def train(args: Args) -> None:
     score, length = np.zeros(N), np.zeros(N, dtype=np.int64)
     recent = deque(maxlen=20)
     start_time, start_step, last_print = time.time(), global_step, 0.0
+    train_end = start_time  # end of the last iteration's update: sps excludes evaluations and saves after it
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
     eval_returns, eval_step = [], -1
 
@@ -500,19 +541,17 @@ def train(args: Args) -> None:
             for t in range(T):
                 obs[t] = next_obs
                 logits, values[t] = agent(next_obs)
-                dist = Categorical(logits=logits, validate_args=False)  # NaNs are caught below, in one line
+                # NaN weights are caught after the update; validation here would cost a sync per step
+                dist = Categorical(logits=logits, validate_args=False)
                 action = dist.sample()
                 actions[t], logprobs[t] = action, dist.log_prob(action)
                 obs_np, reward, term, trunc, info = envs.step(action.cpu().numpy())
                 global_step += N
-                terminal, cut = learning_flags(term, trunc, info["lives"], lives)
+                terminal, cut, trunc_values[t] = step_targets(agent, term, trunc, info, lives, device)
                 lives = info["lives"]
                 rewards[t] = torch.from_numpy(np.sign(reward).astype(np.float32)).to(device)  # clipped (Mnih 2015)
                 terminals[t] = torch.from_numpy(terminal.astype(np.float32)).to(device)
                 truncations[t] = torch.from_numpy(cut.astype(np.float32)).to(device)
-                if cut.any():  # bootstrap value of the real last observation (rare)
-                    idx = np.flatnonzero(cut)
-                    trunc_values[t, torch.from_numpy(idx).to(device)] = agent(torch.from_numpy(info["final_obs"][idx]).to(device))[1]
                 next_obs = torch.from_numpy(obs_np).to(device)
                 score += reward
                 length += 1
@@ -532,7 +571,7 @@ def train(args: Args) -> None:
             for start in range(0, batch_size, minibatch_size):
                 mb = order[start:start + minibatch_size]
                 logits, new_value = agent(b_obs[mb])
-                dist = Categorical(logits=logits, validate_args=False)  # NaNs are caught below, in one line
+                dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
                 new_logprob, entropy = dist.log_prob(b_actions[mb]), dist.entropy().mean()
                 mb_adv = b_advantages[mb]
                 if args.norm_adv:
@@ -549,6 +588,7 @@ def train(args: Args) -> None:
                 break
         if not torch.isfinite(loss):
             kept = f"the last good checkpoint is {ckpt_path}" if ckpt_path.exists() else "no checkpoint was written"
+            shutdown(exit_code=1)
             raise fail(f"non-finite loss at step {global_step:,} ({kept}); try a lower --learning-rate")
 
         with torch.no_grad():
@@ -560,10 +600,13 @@ def train(args: Args) -> None:
                            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
                            "losses/explained_variance": explained_var}.items():
             writer.add_scalar(tag, value, global_step)
+        train_end = time.time()
 
-        if args.eval_interval and args.eval_episodes and global_step // args.eval_interval > (global_step - batch_size) // args.eval_interval:
-            eval_returns, eval_step = evaluate(agent, game, sticky, args.eval_episodes, args.seed + 10_000, args.max_episode_frames, device), global_step
-            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
+        if not stop and args.eval_interval and global_step // args.eval_interval > (global_step - batch_size) // args.eval_interval:
+            returns_now = evaluate(agent, game, sticky, args.eval_episodes, args.seed + 10_000, args.max_episode_frames, device, stop)
+            if not stop:  # a signal cuts the evaluation short: its scores are incomplete
+                eval_returns, eval_step = returns_now, global_step
+                writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
         interrupted = bool(stop)
         if interrupted or iteration == num_iterations or (args.checkpoint_interval and global_step // args.checkpoint_interval > (global_step - batch_size) // args.checkpoint_interval):
             save_checkpoint(ckpt_path, agent, optimizer, args, run_dir, global_step, iteration)
@@ -574,31 +617,34 @@ def train(args: Args) -> None:
             print(f"step {global_step:,}/{num_iterations * batch_size:,} | {sps} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
         if interrupted:
             print(f"interrupted: checkpoint saved at step {global_step:,} to {ckpt_path}; continue with --resume {ckpt_path}")
-            writer.close()
             envs.close()
+            shutdown()
             return
     envs.close()
-    train_time = time.time() - start_time  # SPS of training, without the final evaluation
 
-    if args.eval_episodes and eval_step != global_step:
-        eval_returns = evaluate(agent, game, sticky, args.eval_episodes, args.seed + 10_000, args.max_episode_frames, device)
-        writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-    if args.capture_video:
+    if eval_step != global_step:  # the final checkpoint is saved: a signal from here on just ends the run
+        returns_now = evaluate(agent, game, sticky, args.eval_episodes, args.seed + 10_000, args.max_episode_frames, device, stop)
+        if not stop:
+            eval_returns = returns_now
+            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
+    if args.capture_video and not stop:
         record_video(agent, game, sticky, run_dir / "videos", args.seed + 20_000, args.max_episode_frames, device)
-    wall = time.time() - start_time
+    if stop:
+        print(f"interrupted during the final evaluation: checkpoint saved at step {global_step:,} to {ckpt_path}; "
+              f"finish with --resume {ckpt_path} --total-steps {args.total_steps}")
+        shutdown()
+        return
     write_json(run_dir / "summary.json", {
         "script": NAME, "algo": Path(__file__).stem, "env_id": env_id, "seed": args.seed, "global_step": global_step,
-        "eval_mean": float(np.mean(eval_returns)) if eval_returns else None,
-        "eval_std": float(np.std(eval_returns)) if eval_returns else None,
-        "eval_episodes": len(eval_returns), "eval_returns": eval_returns, "wall_time_s": wall,
-        "sps": (global_step - start_step) / train_time, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "eval_mean": float(np.mean(eval_returns)), "eval_std": float(np.std(eval_returns)),
+        "eval_episodes": len(eval_returns), "eval_returns": eval_returns, "wall_time_s": time.time() - process_start,
+        # env steps of this process per second of its training loop (no startup, final evaluation or checkpoint)
+        "sps": (global_step - start_step) / max(train_end - start_time, 1e-9),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "game": game, "repeat_action_probability": sticky,
     })
-    writer.close()
-    if eval_returns:
-        print(f"eval {env_id}: {np.mean(eval_returns):.1f} +- {np.std(eval_returns):.1f} over {len(eval_returns)} games")
-    if args.track:
-        wandb.finish()
+    print(f"eval {env_id}: {np.mean(eval_returns):.1f} +- {np.std(eval_returns):.1f} over {len(eval_returns)} games")
+    shutdown()
 
 
 if __name__ == "__main__":

@@ -1,19 +1,27 @@
 """Tests of algos/ppo_atari.py: GAE with truncation and life loss against hand-computed values and
-a per-step loop, the env-id protocol, tiny subprocess runs (outputs, copy-alone, resume,
-determinism, eval-only with video, SIGTERM), and every bad-input message."""
+a per-step loop, the step flags and truncation bootstrap on a fake and on the real env, the env-id
+protocol, in-process runs (signal and non-finite exits with W&B finished, eval-only's seed and run
+dir, CUDA RNG in checkpoints), tiny subprocess runs (outputs, copy-alone, resume, determinism,
+eval-only with video, SIGTERM), and every bad-input message."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
 import torch
+
+from pathlib import Path
 
 from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
 
@@ -96,6 +104,55 @@ def test_learning_flags():
     assert cut.tolist() == [False, False, False, True, False]  # game over beats the time limit
 
 
+class ValueOfMean(torch.nn.Module):
+    """Fake agent: V(obs) = mean pixel; records the batches it saw."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, obs):
+        self.seen.append(obs.clone())
+        return torch.zeros(len(obs), 4), obs.float().mean((1, 2, 3))
+
+
+def test_step_targets_fake_step():
+    # env 0 goes on, 1 loses a life, 2 hits the time limit, 3 hits it at game over
+    term, trunc = np.array([False, False, False, True]), np.array([False, False, True, True])
+    final_obs = np.stack([np.full((4, 84, 84), 10 * (i + 1), dtype=np.uint8) for i in range(4)])
+    info = {"lives": np.array([3, 2, 5, 5]), "final_obs": final_obs}
+    agent = ValueOfMean()
+    terminal, cut, value = ppo.step_targets(agent, term, trunc, info, np.array([3, 3, 1, 1]), torch.device("cpu"))
+    assert terminal.tolist() == [False, True, False, True] and cut.tolist() == [False, False, True, False]
+    assert value.tolist() == [0.0, 0.0, 30.0, 0.0]  # V of env 2's real last observation only
+    assert len(agent.seen) == 1 and torch.equal(agent.seen[0], torch.from_numpy(final_obs[[2]]))
+    _, cut, value = ppo.step_targets(agent, term[:1], trunc[:1], {"lives": np.array([3])}, np.array([3]), torch.device("cpu"))
+    assert not cut.any() and value.tolist() == [0.0] and len(agent.seen) == 1  # no forward pass without a cut
+
+
+def test_step_targets_real_truncation():
+    """On the real vector env with a 40-frame limit: the bootstrap is V(final_obs), not V(reset obs)."""
+    torch.manual_seed(0)
+    agent = ppo.Agent(4)
+    envs = ppo.make_envs("breakout", 0.0, 2, 40)
+    obs, info = envs.reset(seed=0)
+    lives, rng = info["lives"], np.random.default_rng(0)
+    for _ in range(30):
+        obs, _, term, trunc, info = envs.step(rng.integers(0, 4, size=2))
+        terminal, cut, value = ppo.step_targets(agent, term, trunc, info, lives, torch.device("cpu"))
+        lives = info["lives"]
+        if cut.any():
+            break
+    envs.close()
+    assert cut.all() and not terminal.any(), "both games should hit the 40-frame limit together"
+    with torch.inference_mode():
+        expected = agent(torch.from_numpy(info["final_obs"]))[1]
+        after_reset = agent(torch.from_numpy(obs))[1]
+    torch.testing.assert_close(value, expected)
+    assert not torch.allclose(value, after_reset)  # the returned obs is the new game's
+    assert (obs[:, :3] == 0).all() and (info["final_obs"][:, :3] != 0).any()
+
+
 def test_ppo_losses_clip():
     adv = t([1.0, -1.0, 1.0])
     old = torch.zeros(3)
@@ -143,7 +200,9 @@ def test_atari_protocol_refuses(env_id, fragment):
     (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
     (dict(gamma=1.5), "--gamma must be in [0, 1]"),
     (dict(gae_lambda=-0.1), "--gae-lambda must be in [0, 1]"),
-    (dict(eval_episodes=-1), "--eval-episodes must be >= 0"),
+    (dict(eval_episodes=-1), "--eval-episodes must be positive"),
+    (dict(eval_episodes=0), "--eval-episodes must be positive"),
+    (dict(eval_only=True, checkpoint="/nonexistent/latest.pt", eval_episodes=0), "--eval-episodes must be positive"),
     (dict(checkpoint_interval=-5), "--checkpoint-interval must be >= 0"),
     (dict(eval_only=True), "--eval-only needs --checkpoint"),
     (dict(env_id="CartPole-v1"), "use ppg.py"),
@@ -166,6 +225,117 @@ def test_checkpoint_mismatch_in_process(base_run, tmp_path):
         ppo.train(ppo.Args(resume=ckpt, env_id="ALE/Pong-v5"))
     with pytest.raises(SystemExit, match="--num-envs 4 differs from the checkpoint's 2"):
         ppo.train(ppo.Args(resume=ckpt, num_envs=4, num_steps=32))
+
+
+# ------------------------------------------------------------------ in process: exits, eval-only, checkpoints
+TINY_ARGS = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, eval_episodes=1, max_episode_frames=200)
+
+
+@pytest.fixture
+def tiny_ckpt(tmp_path):
+    """A checkpoint of a seed-3 run at step 256, as train() writes it, in <tmp>/run/checkpoints."""
+    torch.manual_seed(0)
+    agent = ppo.Agent(4)
+    args = ppo.Args(seed=3, **TINY_ARGS)
+    path = tmp_path / "run" / "checkpoints" / "latest.pt"
+    ppo.save_checkpoint(path, agent, torch.optim.Adam(agent.parameters()), args, Path("runs/old"), 256, 4)
+    return path, agent
+
+
+@pytest.fixture
+def keep_signals():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    calls = []
+    module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    module.init = lambda **kwargs: calls.append("init")
+    module.finish = lambda exit_code=0: calls.append(f"finish {exit_code}")
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return calls
+
+
+@pytest.mark.slow
+def test_signal_skips_eval_saves_and_finishes_wandb(tmp_path, monkeypatch, keep_signals, fake_wandb, capsys):
+    """SIGTERM in the first step: the rollout (which runs the truncation bootstrap, 10-step games)
+    ends, the due evaluation is skipped, the checkpoint is saved, W&B finished, and a second
+    signal would kill."""
+    cuts, evals, real = [], [], ppo.step_targets
+
+    def spy(agent, term, trunc, info, prev_lives, device):
+        if not cuts:
+            os.kill(os.getpid(), signal.SIGTERM)
+        out = real(agent, term, trunc, info, prev_lives, device)
+        cuts.append(int(out[1].sum()))
+        return out
+
+    monkeypatch.setattr(ppo, "step_targets", spy)
+    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: evals.append(a) or [0.0])
+    run_dir = tmp_path / "r"
+    ppo.train(ppo.Args(**{**TINY_ARGS, "max_episode_frames": 40}, total_steps=640, eval_interval=64, track=True,
+                       run_dir=str(run_dir), device="cpu"))
+    assert "interrupted: checkpoint saved at step 64" in capsys.readouterr().out
+    assert len(cuts) == 32 and sum(cuts) >= 4  # every 10-step game of both envs was truncated
+    assert evals == [] and not (run_dir / "summary.json").exists()
+    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 64
+    assert fake_wandb == ["init", "finish 0"]
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL == signal.getsignal(signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_non_finite_loss_finishes_wandb(tmp_path, keep_signals, fake_wandb):
+    args = ppo.Args(**TINY_ARGS, total_steps=64, learning_rate=1e38, anneal_lr=False, track=True,
+                    run_dir=str(tmp_path / "r"), device="cpu")
+    with pytest.raises(SystemExit, match="non-finite loss at step 64"):
+        ppo.train(args)
+    assert fake_wandb == ["init", "finish 1"]
+
+
+@pytest.mark.slow
+def test_eval_only_uses_checkpoint_seed_and_run_dir(tiny_ckpt, tmp_path, monkeypatch):
+    path, agent = tiny_ckpt
+    calls, real = [], ppo.evaluate
+    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: calls.append(a[3:6]) or real(*a, **k))
+    monkeypatch.chdir(tmp_path)  # a relative run dir stored in the checkpoint would land here
+    quick = dict(eval_only=True, eval_episodes=1, num_envs=1)
+    ppo.train(ppo.Args(**quick, checkpoint=str(path), seed=7, max_episode_frames=108_000))
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())  # beside checkpoints/
+    assert calls == [(1, 10_003, 200)]  # the run's seed and frame limit, as its final evaluation
+    assert result["seed"] == 3 and result["eval_returns"] == real(agent, "breakout", 0.0, 1, 10_003, 200, "cpu")
+    moved = tmp_path / "elsewhere" / "x.pt"
+    moved.parent.mkdir()
+    shutil.copy(path, moved)
+    ppo.train(ppo.Args(**quick, checkpoint=str(moved)))
+    ppo.train(ppo.Args(**quick, checkpoint=str(path), run_dir=str(tmp_path / "out")))
+    assert (tmp_path / "elsewhere" / "eval.json").exists() and (tmp_path / "out" / "eval.json").exists()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_below_checkpoint_step_refused(tiny_ckpt):
+    path, _ = tiny_ckpt
+    with pytest.raises(SystemExit, match="--total-steps 128 is below the checkpoint's step 256"):
+        ppo.train(ppo.Args(**TINY_ARGS, resume=str(path), total_steps=128))
+
+
+def test_checkpoint_keeps_cuda_rng(tmp_path, monkeypatch):
+    """Simulated CUDA: the per-device generator states are saved and restored."""
+    states, restored = [torch.arange(16, dtype=torch.uint8)], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
+    agent = ppo.Agent(4)
+    ppo.save_checkpoint(tmp_path / "c.pt", agent, torch.optim.Adam(agent.parameters()), ppo.Args(), tmp_path, 0, 0)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert torch.equal(ckpt["rng"]["cuda"][0], states[0])
+    ppo.restore_rng(ckpt["rng"])
+    assert len(restored) == 1 and torch.equal(restored[0], states[0])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="checks the message without wandb")
@@ -199,6 +369,7 @@ def test_run_outputs(base_run):
                 "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
         assert key in s, key
     assert s["script"] == SCRIPT and s["algo"] == "ppo_atari" and s["global_step"] == 256 and s["eval_episodes"] == 1
+    assert s["wall_time_s"] > s["global_step"] / s["sps"]  # wall time has startup and the final evaluation too
     config = json.loads((run_dir / "config.json").read_text())
     assert config["num_envs"] == 2 and config["repeat_action_probability"] == 0.0
     for tag in ("charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
@@ -259,10 +430,11 @@ def test_eval_only_with_video(base_run, tmp_path):
     run_dir, _ = base_run
     out = tmp_path / "eval"
     proc = run_script(SCRIPT, "--eval-only", "--checkpoint", str(run_dir / "checkpoints" / "latest.pt"),
-                      "--eval-episodes", "2", "--max-episode-frames", "2000", "--capture-video", "--run-dir", str(out))
+                      "--eval-episodes", "2", "--seed", "7", "--capture-video", "--run-dir", str(out))
     check_ok(proc)
     result = json.loads((out / "eval.json").read_text())
     assert result["global_step"] == 256 and result["eval_episodes"] == 2 and len(result["eval_returns"]) == 2
+    assert result["seed"] == 1  # the run's own seed, not --seed
     assert "eval BreakoutNoFrameskip-v4 step 256" in proc.stdout
     videos = list((out / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
@@ -301,5 +473,5 @@ def test_cli_errors_are_one_line(base_run, tmp_path):
 @pytest.mark.slow
 def test_non_finite_loss_stops_in_one_line(tmp_path):
     proc = run_script(SCRIPT, *TINY, "--total-steps", "256", "--learning-rate", "1e38", "--no-anneal-lr",
-                      "--eval-episodes", "0", "--run-dir", str(tmp_path / "r"))
+                      "--eval-episodes", "1", "--run-dir", str(tmp_path / "r"))
     check_error(proc, "non-finite loss at step 64", "no checkpoint was written")
