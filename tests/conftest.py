@@ -3,11 +3,14 @@ read what it left behind."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -84,3 +87,39 @@ def copy_alone(script: str, dest: Path) -> Path:
 @pytest.fixture
 def tmp_run(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+class FakeWandb(types.ModuleType):
+    """Stands in for wandb (not installed here): records init (with the TensorBoard event files
+    present at that moment, which must be none: wandb has to patch the writer before it exists)
+    and finish with its exit code."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+        self.run, self.calls = None, []
+
+    def init(self, **kwargs):
+        self.calls.append(("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*"))))
+        self.run = object()
+        return self.run
+
+    def finish(self, exit_code=0):
+        self.calls.append(("finish", exit_code))
+        self.run = None
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch) -> FakeWandb:
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return fake
+
+
+@pytest.fixture
+def restore_signals():
+    """In-process runs install SIGINT/SIGTERM handlers; put pytest's back afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from dataclasses import asdict
 from pathlib import Path
 
@@ -382,39 +381,6 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 
 # ---------------------------------------------------------------- in process: outputs, signals, W&B
-class FakeWandb(types.ModuleType):
-    """Stands in for wandb (not installed here): records init (with the event files present
-    at that moment) and finish."""
-
-    def __init__(self):
-        super().__init__("wandb")
-        self.run, self.calls = None, []
-
-    def init(self, **kwargs):
-        self.calls.append(("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*"))))
-        self.run = object()
-        return self.run
-
-    def finish(self, exit_code=0):
-        self.calls.append(("finish", exit_code))
-        self.run = None
-
-
-@pytest.fixture
-def fake_wandb(monkeypatch):
-    fake = FakeWandb()
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    return fake
-
-
-@pytest.fixture
-def restore_signals():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
 IN_PROCESS = dict(learning_starts=100, batch_size=32, hidden_size=32, buffer_size=5000, eval_episodes=1, checkpoint_interval=0)
 
 

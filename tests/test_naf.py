@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -345,39 +344,6 @@ def test_bad_checkpoint_cli(tiny_run, tmp_path):
 
 
 # ---------------------------------------------------------------- in process: outputs, signals, W&B
-class FakeWandb(types.ModuleType):
-    """Stands in for wandb (not installed here): records init (with the event files present
-    at that moment) and finish."""
-
-    def __init__(self):
-        super().__init__("wandb")
-        self.run, self.calls = None, []
-
-    def init(self, **kwargs):
-        self.calls.append(("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*"))))
-        self.run = object()
-        return self.run
-
-    def finish(self, exit_code=0):
-        self.calls.append(("finish", exit_code))
-        self.run = None
-
-
-@pytest.fixture
-def fake_wandb(monkeypatch):
-    fake = FakeWandb()
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    return fake
-
-
-@pytest.fixture
-def restore_signals():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
 IN_PROCESS = dict(learning_starts=100, batch_size=32, hidden_dim=32, eval_episodes=1, checkpoint_interval=0)
 
 

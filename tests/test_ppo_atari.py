@@ -6,7 +6,6 @@ eval-only with video, SIGTERM), and every bad-input message."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import json
 import os
@@ -15,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import numpy as np
 import pytest
@@ -242,27 +240,8 @@ def tiny_ckpt(tmp_path):
     return path, agent
 
 
-@pytest.fixture
-def keep_signals():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-@pytest.fixture
-def fake_wandb(monkeypatch):
-    calls = []
-    module = types.ModuleType("wandb")
-    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
-    module.init = lambda **kwargs: calls.append("init")
-    module.finish = lambda exit_code=0: calls.append(f"finish {exit_code}")
-    monkeypatch.setitem(sys.modules, "wandb", module)
-    return calls
-
-
 @pytest.mark.slow
-def test_signal_skips_eval_saves_and_finishes_wandb(tmp_path, monkeypatch, keep_signals, fake_wandb, capsys):
+def test_signal_skips_eval_saves_and_finishes_wandb(tmp_path, monkeypatch, restore_signals, fake_wandb, capsys):
     """SIGTERM in the first step: the rollout (which runs the truncation bootstrap, 10-step games)
     ends, the due evaluation is skipped, the checkpoint is saved, W&B finished, and a second
     signal would kill."""
@@ -284,17 +263,17 @@ def test_signal_skips_eval_saves_and_finishes_wandb(tmp_path, monkeypatch, keep_
     assert len(cuts) == 32 and sum(cuts) >= 4  # every 10-step game of both envs was truncated
     assert evals == [] and not (run_dir / "summary.json").exists()
     assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 64
-    assert fake_wandb == ["init", "finish 0"]
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]
     assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL == signal.getsignal(signal.SIGTERM)
 
 
 @pytest.mark.slow
-def test_non_finite_loss_finishes_wandb(tmp_path, keep_signals, fake_wandb):
+def test_non_finite_loss_finishes_wandb(tmp_path, restore_signals, fake_wandb):
     args = ppo.Args(**TINY_ARGS, total_steps=64, learning_rate=1e38, anneal_lr=False, track=True,
                     run_dir=str(tmp_path / "r"), device="cpu")
     with pytest.raises(SystemExit, match="non-finite loss at step 64"):
         ppo.train(args)
-    assert fake_wandb == ["init", "finish 1"]
+    assert fake_wandb.calls == [("init", []), ("finish", 1)]
 
 
 @pytest.mark.slow
