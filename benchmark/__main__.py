@@ -106,6 +106,13 @@ def select(presets: dict[str, Preset], sweep: Sweep) -> list[Preset]:
     return chosen
 
 
+def covers_zoo(results: dict, presets: dict[str, Preset]) -> bool:
+    """Whether a sweep holds a run for every seed of every preset's full budget, the condition
+    for it to become results/latest (the README's table), so a filtered sweep cannot replace it."""
+    done = {(r["preset"], r["seed"]) for r in results["runs"]}
+    return all((p.name, seed) in done for p in presets.values() for seed in range(1, p.budget("full").seeds + 1))
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -142,7 +149,11 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     out_dir = full.results_dir / name if full else sweep_dir
     results = report_sweep(sweep_dir, presets, out_dir, with_plots=full is not None)
     if full and budget == {"steps_scale": 1.0, "total_steps": None}:
-        write_json(full.results_dir / "latest", {"sweep": name})
+        if covers_zoo(results, presets):
+            write_json(full.results_dir / "latest", {"sweep": name})
+        else:
+            print("results/latest unchanged: this sweep does not yet hold every preset's full seeds "
+                  f"(run the rest under --name {name} to complete it)")
     print(f"report: {out_dir / 'report.md'}")
     failed = [r for r in results["runs"] if r["preset"] in names and r["status"] != "ok"]
     missed = [n for n, p in results["presets"].items() if n in names and p["target"]["status"] == "missed"]

@@ -415,6 +415,19 @@ def test_reduced_budget_marks_targets_not_applicable(tmp_path: Path, zoo):
     assert not (results_dir / "latest").exists()  # only a full-budget sweep becomes the README's
 
 
+def test_only_a_sweep_holding_every_preset_becomes_latest(tmp_path: Path, zoo, capsys):
+    args = zoo(preset_toml("a", seeds=2), preset_toml("b"))
+    results_dir = tmp_path / "results"
+    assert main(["full", *args, "--name", "part", "--preset", "a", "--results-dir", str(results_dir)]) == 0
+    assert not (results_dir / "latest").exists()  # a filtered sweep must not replace the README's table
+    assert "results/latest unchanged" in capsys.readouterr().out
+    assert main(["full", *args, "--name", "part", "--preset", "b", "--results-dir", str(results_dir)]) == 0
+    assert json.loads((results_dir / "latest").read_text()) == {"sweep": "part"}  # completed under one name
+    assert main(["full", *args, "--name", "other", "--preset", "a", "--seeds", "1",
+                 "--results-dir", str(results_dir)]) == 0
+    assert json.loads((results_dir / "latest").read_text()) == {"sweep": "part"}  # fewer seeds: not complete
+
+
 # --- the Ray backend (a real local instance) ----------------------------------------------
 
 @pytest.mark.slow
