@@ -4,6 +4,7 @@ timeout), resume, aggregation against hand-computed numbers, report, plots, READ
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -454,3 +455,13 @@ def test_smoke_over_the_real_zoo(tmp_path: Path):
                            "--workers", "2", "--timeout-scale", "3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_dqn_memory_tool_fills_the_buffer_and_reports_peak_memory():
+    proc = subprocess.run([sys.executable, "-m", "benchmark.dqn_memory", "--capacity", "6000"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    filled = re.search(r"filled 6,000 transitions in \d+ s: peak RSS ([\d,]+) MB", proc.stdout)
+    # 6,000 frames of 84x84 bytes are ~42 MB on top of the interpreter and torch
+    assert filled and int(filled.group(1).replace(",", "")) > 100, proc.stdout
+    assert "1000 batches of 32 sampled" in proc.stdout
