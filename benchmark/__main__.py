@@ -64,8 +64,9 @@ class Smoke(Sweep):
 
 @dataclass
 class Full(Sweep):
-    """The full budgets and seeds; writes results/<sweep>/ and, at the full budget,
-    results/latest. Exits non-zero when a run fails or a preset misses its target."""
+    """The full budgets and seeds; writes results/<sweep>/ and, once the sweep holds every
+    preset's full seeds at the full budget, results/latest. Exits non-zero when a run fails
+    or a preset misses its target."""
 
     seeds: int | None = None
     """Seeds 1..N instead of each preset's number (the target then does not apply)."""
