@@ -111,7 +111,7 @@ class Args:
     eval_interval: int = 5_000
     """evaluate every this many env steps (0: only at the end)"""
     eval_only: bool = False
-    """only evaluate --checkpoint (its env and network), write eval.json and exit"""
+    """only evaluate --checkpoint (its env, network and seed), write eval.json and exit"""
     checkpoint: str | None = None
     """checkpoint to evaluate with --eval-only"""
     capture_video: bool = False
@@ -386,7 +386,6 @@ def check_resumable(ckpt: dict, args: Args) -> None:
             raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
 
 
-@torch.no_grad()
 def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, video_dir: Path | None = None) -> list[float]:
     """Deterministic returns, u = mu(x) (detail 7)."""
     env = make_env(env_id, render_mode="rgb_array" if video_dir else None)
