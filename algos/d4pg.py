@@ -122,7 +122,7 @@ class Args:
     eval_interval: int = 5_000
     """environment steps between evaluations (0: only at the end)"""
     eval_only: bool = False
-    """only evaluate --checkpoint, write eval.json"""
+    """only evaluate --checkpoint (its env, network and seed), write eval.json and exit"""
     checkpoint: Optional[str] = None
     """checkpoint evaluated by --eval-only"""
     capture_video: bool = False
