@@ -392,6 +392,9 @@ def record_video(q_network: nn.Module, args: Args, device: torch.device, folder:
     env = RecordVideo(FrameStackObservation(env, 4, padding_type="zero"), str(folder), episode_trigger=lambda i: True, disable_logger=True)
     rng = np.random.default_rng(args.seed + 10_000)
     obs, _ = env.reset(seed=args.seed + 10_000)
+    meanings = env.unwrapped.get_action_meanings()
+    if "FIRE" in meanings:  # AtariVectorEnv presses FIRE on reset (use_fire_reset); so does the video game
+        obs, *_ = env.step(meanings.index("FIRE"))
     done = False
     while not done:
         with torch.inference_mode():
