@@ -423,8 +423,11 @@ def check_args(args: Args) -> None:
     for key in ("gamma", "start_e", "end_e", "eval_epsilon"):
         if not 0.0 <= getattr(args, key) <= 1.0:
             raise fail(f"--{key.replace('_', '-')} must be in [0, 1], got {getattr(args, key)}")
-    if not 0.0 < args.tau <= 1.0 or not 0.0 < args.exploration_fraction <= 1.0 or not args.learning_rate > 0:
-        raise fail("--tau and --exploration-fraction must be in (0, 1] and --learning-rate > 0")
+    for key in ("tau", "exploration_fraction"):
+        if not 0.0 < getattr(args, key) <= 1.0:
+            raise fail(f"--{key.replace('_', '-')} must be in (0, 1], got {getattr(args, key)}")
+    if not args.learning_rate > 0:
+        raise fail(f"--learning-rate must be > 0, got {args.learning_rate}")
     if args.buffer_size // args.num_envs < 16:
         raise fail(f"--buffer-size {args.buffer_size} leaves under 16 slots per env; use at least {16 * args.num_envs}")
     if args.learning_starts < args.batch_size:
