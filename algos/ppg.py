@@ -726,7 +726,7 @@ def train(args: Args) -> None:
         if args.eval_interval and iteration < num_iterations and global_step // args.eval_interval > (global_step - batch_size) // args.eval_interval:
             eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device)
             writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-        if args.checkpoint_interval and global_step // args.checkpoint_interval > (global_step - batch_size) // args.checkpoint_interval:
+        if args.checkpoint_interval and iteration < num_iterations and global_step // args.checkpoint_interval > (global_step - batch_size) // args.checkpoint_interval:
             save_checkpoint(ckpt_path, checkpoint_state())
         if time.time() - last_print > 5 or iteration == num_iterations:
             last_print = time.time()

@@ -422,6 +422,13 @@ def test_signal_skips_evaluations_saves_and_second_signal_kills(in_process, monk
     assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_checkpoint_interval_saves_once_per_crossing_and_once_at_the_end(in_process, monkeypatch):
+    real_save, saved = ppg.save_checkpoint, []
+    monkeypatch.setattr(ppg, "save_checkpoint", lambda path, state: saved.append(state["global_step"]) or real_save(path, state))
+    in_process.run(total_steps=192, checkpoint_interval=64)  # 3 iterations of 64 steps
+    assert saved == [64, 128, 192]  # the last crossing is the final save, not a second one
+
+
 def test_sps_counts_the_training_loop_and_wall_time_the_whole_run(in_process, monkeypatch):
     real_check_env, real_save = ppg.check_env, ppg.save_checkpoint
 
