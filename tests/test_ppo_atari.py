@@ -202,6 +202,9 @@ def test_atari_protocol_refuses(env_id, fragment):
     (dict(eval_episodes=0), "--eval-episodes must be positive"),
     (dict(eval_only=True, checkpoint="/nonexistent/latest.pt", eval_episodes=0), "--eval-episodes must be positive"),
     (dict(checkpoint_interval=-5), "--checkpoint-interval must be >= 0"),
+    (dict(eval_interval=-1), "--eval-interval must be >= 0"),
+    (dict(max_grad_norm=0.0), "--max-grad-norm must be positive"),
+    (dict(num_steps=0), "--num-steps must be positive"),
     (dict(eval_only=True), "--eval-only needs --checkpoint"),
     (dict(env_id="CartPole-v1"), "use ppg.py"),
     (dict(env_id="Pendulum-v1"), "use d4pg.py, naf.py or rlpd.py"),
@@ -377,8 +380,6 @@ def test_same_seed_same_metrics(base_run, tmp_path):
 
 @pytest.mark.slow
 def test_resume_continues_step_count_and_curve(base_run, tmp_path):
-    import shutil
-
     run_dir = tmp_path / "run"
     shutil.copytree(base_run[0], run_dir)
     proc = run_script(SCRIPT, *TINY, "--total-steps", "512", "--resume", str(run_dir / "checkpoints" / "latest.pt"))
@@ -425,7 +426,7 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
     cmd = [sys.executable, str(ALGOS / SCRIPT), *TINY, "--total-steps", "1000000", "--checkpoint-interval", "0",
            "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.stdout.readline().startswith("step ")  # one iteration done: training is under way
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
