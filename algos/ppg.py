@@ -355,7 +355,6 @@ def policy_phase(agent: Agent, optimizer, batch: dict, args: Args) -> dict:
     i < E_pi and the value function if i < E_V (reference ppo.learn)."""
     n = batch["obs"].shape[0]
     mb_size = n // args.num_minibatches
-    stats = torch.zeros(5, device=batch["obs"].device)
     for epoch in range(max(args.e_pi, args.e_v)):
         for mb in torch.randperm(n, device=batch["obs"].device).split(mb_size):
             logits, value, _ = agent(batch["obs"][mb])
