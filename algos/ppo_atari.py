@@ -518,7 +518,9 @@ def train(args: Args) -> None:
     num_iterations = args.total_steps // batch_size
     obs = torch.zeros((T, N, 4, 84, 84), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, rewards, values, terminals, truncations, trunc_values = (torch.zeros((T, N), device=device) for _ in range(6))
+    logprobs, values, trunc_values = (torch.zeros((T, N), device=device) for _ in range(3))
+    # rewards and flags are born in numpy: kept on the host, moved once per rollout, not 3 copies a step
+    rewards_np, terminals_np, truncations_np = (np.zeros((T, N), np.float32) for _ in range(3))
     gen = torch.Generator().manual_seed(args.seed + iteration)  # minibatch order
 
     obs_np, info = envs.reset(seed=args.seed + global_step)  # fresh games after a resume
@@ -549,9 +551,7 @@ def train(args: Args) -> None:
                 global_step += N
                 terminal, cut, trunc_values[t] = step_targets(agent, term, trunc, info, lives, device)
                 lives = info["lives"]
-                rewards[t] = torch.from_numpy(np.sign(reward).astype(np.float32)).to(device)  # clipped (Mnih 2015)
-                terminals[t] = torch.from_numpy(terminal.astype(np.float32)).to(device)
-                truncations[t] = torch.from_numpy(cut.astype(np.float32)).to(device)
+                rewards_np[t], terminals_np[t], truncations_np[t] = np.sign(reward), terminal, cut  # clipped (Mnih 2015)
                 next_obs = torch.from_numpy(obs_np).to(device)
                 score += reward
                 length += 1
@@ -561,6 +561,7 @@ def train(args: Args) -> None:
                     recent.append(score[i])
                     score[i], length[i] = 0.0, 0
             next_value = agent(next_obs)[1]
+            rewards, terminals, truncations = (torch.from_numpy(x).to(device) for x in (rewards_np, terminals_np, truncations_np))
             advantages, returns = gae(rewards, values, next_value, terminals, truncations, trunc_values, args.gamma, args.gae_lambda)
 
         b_obs, b_actions = obs.reshape(-1, 4, 84, 84), actions.reshape(-1)
