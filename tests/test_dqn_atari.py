@@ -1,5 +1,8 @@
 """Tests for algos/dqn_atari.py: the frame-deduplicated replay memory against a naive one that
-stores whole stacks, the TD target, env-id mapping, and tiny end-to-end runs by subprocess."""
+stores whole stacks (fake and real env streams), life-loss flags, the TD target and schedules by
+hand, env-id mapping, eval-only's env/seed from the checkpoint, W&B always finished, tiny runs by
+subprocess (outputs, determinism, resume with the replay, copy-alone, video, SIGTERM), and every
+bad-input message."""
 
 from __future__ import annotations
 
