@@ -400,6 +400,30 @@ def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, res
     assert fake_wandb.calls[-1] == ("finish", 0)
 
 
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, restore_signals, monkeypatch):
+    """A NaN loss at the first update (step 150) stops training in one line; the checkpoint of
+    step 100 stays as it was and no summary.json is written."""
+    real_loss = naf.naf_loss
+
+    def nan_loss(*args):
+        loss, q = real_loss(*args)
+        return loss * float("nan"), q
+
+    monkeypatch.setattr(naf, "naf_loss", nan_loss)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit, match="non-finite loss at step 150; the last good checkpoint is kept") as e:
+        naf.train(naf.Args(total_steps=300, run_dir=str(run), **{**IN_PROCESS, "learning_starts": 150, "checkpoint_interval": 100}))
+    assert str(e.value).startswith("naf.py: error:") and "\n" not in str(e.value)
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 100
+    assert not (run / "summary.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error needs a machine without CUDA")
+def test_device_cuda_without_cuda_refused():
+    with pytest.raises(SystemExit, match="--device cuda but no CUDA device"):
+        naf.pick_device("cuda")
+
+
 def test_track_without_wandb_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
     with pytest.raises(SystemExit, match="--track needs the wandb package"):
