@@ -249,6 +249,8 @@ def error_of(**kwargs) -> str:
     ({"per_beta": 2.0}, "--per-beta"),
     ({"updates_per_step": 0.0}, "--updates-per-step"),
     ({"device": "tpu"}, "--device"),
+    pytest.param({"device": "cuda"}, "no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the error needs a machine without CUDA")),
     ({"eval_only": True}, "--checkpoint"),
     ({"resume": "/nonexistent/latest.pt"}, "does not exist"),
 ])
@@ -422,3 +424,15 @@ def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, res
     assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
     assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
     assert fake_wandb.calls[-1] == ("finish", 0)
+
+
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, restore_signals, monkeypatch):
+    """A NaN target from the first update (step 150) stops training at the next check (step 200)
+    in one line; the checkpoint of step 100 stays as it was and no summary.json is written."""
+    real_projection = d4pg.categorical_projection
+    monkeypatch.setattr(d4pg, "categorical_projection", lambda *a: real_projection(*a) * float("nan"))
+    run = tmp_path / "run"
+    message = error_of(total_steps=300, run_dir=str(run), **{**IN_PROCESS, "learning_starts": 150, "checkpoint_interval": 100})
+    assert "non-finite loss by step 200" in message
+    assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
+    assert not (run / "summary.json").exists()
