@@ -123,3 +123,31 @@ def restore_signals():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+def check_eval_only_after_move(run: Path, eval_only, seed: int) -> None:
+    """Copy a finished run's folder elsewhere, run `eval_only(checkpoint_path)` (the script's
+    --eval-only) on the copied checkpoint, and check that eval.json lands beside the copy, not in
+    the original folder, with the run's own seed (not --seed's default) and the same returns as
+    the run's final evaluation."""
+    moved = run.parent / "moved"
+    shutil.copytree(run, moved)
+    eval_only(str(moved / "checkpoints" / "latest.pt"))
+    result = json.loads((moved / "eval.json").read_text())
+    assert result["seed"] == seed
+    assert result["eval_returns"] == summary(run)["eval_returns"]
+    assert not (run / "eval.json").exists()
+
+
+def sigterm_on_call(n: int, fn):
+    """Wrap `fn` so that its n-th call first sends SIGTERM to this process (an in-process run's
+    handler then sees it mid-loop). Returns the wrapper and the list that counts its calls."""
+    calls: list[int] = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            signal.raise_signal(signal.SIGTERM)
+        return fn(*args, **kwargs)
+
+    return wrapper, calls

@@ -18,7 +18,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
+                      sigterm_on_call, summary)
 
 spec = importlib.util.spec_from_file_location("d4pg", ALGOS / "d4pg.py")
 d4pg = importlib.util.module_from_spec(spec)
@@ -395,27 +396,15 @@ def test_in_process_run_sps_wandb_and_eval_only(tmp_path, fake_wandb, restore_si
     assert s["sps"] * s["wall_time_s"] > s["global_step"] == 300
     assert [step for step, _ in scalars(run, "losses/q_values")] == [200]
     assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish at the end
-    # --eval-only writes beside the checkpoint even after the run folder moved, with the run's own seed
-    moved = tmp_path / "moved"
-    shutil.copytree(run, moved)
-    d4pg.train(d4pg.Args(eval_only=True, checkpoint=str(moved / "checkpoints" / "latest.pt"), eval_episodes=1))
-    result = json.loads((moved / "eval.json").read_text())
-    assert result["seed"] == 3 and result["eval_returns"] == s["eval_returns"]
-    assert not (run / "eval.json").exists()
+    check_eval_only_after_move(run, lambda ckpt: d4pg.train(d4pg.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=3)
 
 
 def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, restore_signals, monkeypatch):
     """A SIGTERM during the env step that reaches step 100, where an evaluation is due: no evaluation
     (periodic or final), no summary, the checkpoint holds step 100, a second Ctrl-C would kill at
     once, and the W&B run is finished."""
-    real_final, real_eval, steps, evals = d4pg.final_observations, d4pg.evaluate, [], []
-
-    def final_then_signal(*args, **kwargs):  # called once per vector step
-        steps.append(1)
-        if len(steps) == 100:
-            signal.raise_signal(signal.SIGTERM)
-        return real_final(*args, **kwargs)
-
+    real_eval, evals = d4pg.evaluate, []
+    final_then_signal, steps = sigterm_on_call(100, d4pg.final_observations)  # called once per vector step
     monkeypatch.setattr(d4pg, "final_observations", final_then_signal)
     monkeypatch.setattr(d4pg, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
     run = tmp_path / "run"

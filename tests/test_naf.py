@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
+                      sigterm_on_call, summary)
 
 spec = importlib.util.spec_from_file_location("naf", ALGOS / "naf.py")
 naf = importlib.util.module_from_spec(spec)
@@ -363,14 +363,7 @@ def test_in_process_run_video_sps_wandb_and_eval_only(tmp_path, fake_wandb, rest
     assert [step for step, _ in scalars(run, "charts/SPS")] == [300]
     assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish at the end
 
-    # --eval-only takes the run's seed (3, not the default 1), env and network shape from the checkpoint,
-    # and writes beside the checkpoint even after the run folder moved
-    moved = tmp_path / "moved"
-    shutil.copytree(run, moved)
-    naf.train(naf.Args(eval_only=True, checkpoint=str(moved / "checkpoints" / "latest.pt"), eval_episodes=1))
-    result = json.loads((moved / "eval.json").read_text())
-    assert result["seed"] == 3 and result["eval_returns"] == s["eval_returns"]
-    assert not (run / "eval.json").exists()
+    check_eval_only_after_move(run, lambda ckpt: naf.train(naf.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=3)
 
     ckpt = naf.load_checkpoint(str(run / "checkpoints" / "latest.pt"), torch.device("cpu"))
     with pytest.raises(SystemExit, match="at step 300, beyond --total-steps 299; pass --total-steps 300"):
@@ -382,14 +375,8 @@ def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, res
     """A SIGTERM during the env step that reaches step 100, where an evaluation is due: no evaluation
     (periodic or final), no summary, the checkpoint holds step 100, a second Ctrl-C would kill at
     once, and the W&B run is finished."""
-    real_step, real_eval, steps, evals = naf.step_and_store, naf.evaluate, [], []
-
-    def step_then_signal(*args, **kwargs):
-        steps.append(1)
-        if len(steps) == 100:
-            signal.raise_signal(signal.SIGTERM)
-        return real_step(*args, **kwargs)
-
+    real_eval, evals = naf.evaluate, []
+    step_then_signal, steps = sigterm_on_call(100, naf.step_and_store)
     monkeypatch.setattr(naf, "step_and_store", step_then_signal)
     monkeypatch.setattr(naf, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
     run = tmp_path / "run"
