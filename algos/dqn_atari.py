@@ -532,7 +532,8 @@ def train(args: Args) -> None:
 
         def on_signal(signum, frame) -> None:
             stop.append(signum)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C kills at once
+            for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal kills at once
+                signal.signal(sig, signal.SIG_DFL)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, sigterm_on_call, summary
 
 spec = importlib.util.spec_from_file_location("dqn_atari", ALGOS / "dqn_atari.py")
 dqn = importlib.util.module_from_spec(spec)
@@ -409,9 +409,28 @@ def test_bad_input_one_line(args, fragments, bad_checkpoints, tmp_path):
     assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
-def test_bad_device_and_track(tmp_path):
-    if not torch.cuda.is_available():
-        check_error(run_script("dqn_atari.py", "--device", "cuda"), "CUDA")
-    if importlib.util.find_spec("wandb") is None:
-        check_error(run_script("dqn_atari.py", "--track", *TINY, "--run-dir", str(tmp_path / "r")), "wandb")
-        assert not (tmp_path / "r").exists()
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_cuda_is_one_line():
+    check_error(run_script("dqn_atari.py", "--device", "cuda"), "CUDA")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="checks the message without wandb")
+def test_track_without_wandb_is_one_line_and_writes_nothing(tmp_path):
+    check_error(run_script("dqn_atari.py", "--track", *TINY, "--run-dir", str(tmp_path / "r")), "wandb")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_signal_skips_due_evaluation_saves_and_second_signal_kills(tmp_path, monkeypatch, restore_signals):
+    """SIGTERM on the step that reaches 100, where an evaluation is due: no evaluation, a checkpoint
+    at step 100, no summary.json, and both handlers back to the default so a second signal kills."""
+    real_eval, evals = dqn.evaluate, []
+    stepping, steps = sigterm_on_call(100, dqn.store_step)
+    monkeypatch.setattr(dqn, "store_step", stepping)
+    monkeypatch.setattr(dqn, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
+    run = tmp_path / "run"
+    dqn.train(dqn.Args(total_steps=1000, learning_starts=50, buffer_size=1000, max_episode_frames=2000,
+                       eval_episodes=1, eval_interval=100, run_dir=str(run), device="cpu"))
+    assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 100
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
