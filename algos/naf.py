@@ -23,8 +23,10 @@ Implementation details:
 2. The network acts in [-1, 1]^|A|; `scale_action` is the one place that maps to the
    environment's bounds. Exploration noise is added in [-1, 1] space and clipped there.
 3. Exploration (the paper's random process N): Gaussian N(0, noise_scale^2) per step, or
-   Ornstein-Uhlenbeck (as in DDPG, theta = 0.15, sigma = noise_scale) whose state resets
-   when that env's episode ends. Uniform random actions for the first `learning_starts` steps.
+   Ornstein-Uhlenbeck (as in DDPG, theta = 0.15, sigma = noise_scale) whose state restarts at 0
+   with each episode: it is zeroed on the autoreset step (whose action the env ignores), so an
+   episode's first action carries exactly one increment. Uniform random actions for the first
+   `learning_starts` steps.
 4. The target masks the bootstrap with `terminated` only: a time-limit truncation keeps
    gamma V'(x') of the real final observation, which Gymnasium's NEXT_STEP autoreset
    returns at the step the episode ends.
@@ -36,8 +38,9 @@ Implementation details:
 7. Evaluation is deterministic (u = mu(x), no noise) on a separate env seeded
    seed + 10_000 + i for episode i.
 8. Checkpoints (plain dict, `torch.load(weights_only=True)`): networks, optimizer, the
-   filled part of the replay buffer, counters, RNG states (python, numpy, torch, the
-   sampling/noise generator) and the OU state. Resume resets the envs (seeded with
+   filled part of the replay buffer, counters, the OU state and the state of the two
+   generators the file draws from: torch's (initialisation) and numpy's `rng` (replay
+   sampling, exploration noise, random actions). Resume resets the envs (seeded with
    seed + global_step), so the episode in progress at save time is dropped. SIGINT/SIGTERM
    skip any evaluation still due, save a checkpoint and exit 0 without summary.json
    (summary.json means "finished"); a second Ctrl-C kills at once. Resume and --eval-only
@@ -59,14 +62,18 @@ Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 
 from __future__ import annotations
 
-import copy
-import json
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads sleep instead of spinning
+
+import copy
+import importlib.util
+import json
 import random
 import resource
 import signal
-import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -79,7 +86,6 @@ import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
-SCRIPT = "naf.py"
 OU_THETA = 0.15  # Ornstein-Uhlenbeck mean reversion (paper / DDPG, Lillicrap et al. 2015)
 MAX_GRAD_NORM = 10.0  # deviation d
 
@@ -141,33 +147,6 @@ class Args:
     """sigma of the OU process / standard deviation of the Gaussian noise"""
     updates_per_step: int = 1
     """gradient steps per environment step"""
-
-
-def fail(message: str) -> SystemExit:
-    """A one-line error on stderr and exit status 1 (contract: bad input stops early)."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
-
-
-def check_args(args: Args) -> None:
-    checks = [
-        (args.total_steps > 0, "--total-steps must be positive"),
-        (args.num_envs >= 1, "--num-envs must be at least 1"),
-        (args.batch_size >= 1, "--batch-size must be at least 1"),
-        (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
-        (args.learning_rate > 0, "--learning-rate must be positive"),
-        (0 < args.tau <= 1, "--tau must be in (0, 1]"),
-        (0 <= args.gamma <= 1, "--gamma must be in [0, 1]"),
-        (args.hidden_dim >= 1, "--hidden-dim must be at least 1"),
-        (args.learning_starts >= 0, "--learning-starts must be non-negative"),
-        (args.noise_scale >= 0, "--noise-scale must be non-negative"),
-        (args.updates_per_step >= 1, "--updates-per-step must be at least 1"),
-        (args.eval_episodes >= 1, "--eval-episodes must be at least 1"),
-        (args.eval_interval >= 0 and args.checkpoint_interval >= 0, "--eval-interval and --checkpoint-interval must be non-negative"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise fail(f"{message}; fix the value and rerun")
 
 
 # ---------------------------------------------------------------- environment
@@ -326,66 +305,108 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset, low, high):
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-# ---------------------------------------------------------------- checkpoints and evaluation
-def rng_states(rng: np.random.Generator) -> dict:
-    np_state = np.random.get_state()
-    return {
-        "python": list(random.getstate()[1]) + [random.getstate()[0]],
-        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "generator": rng.bit_generator.state,
-    }
+def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float):
+    """One gradient step on the TD loss, then the soft target update. Returns (loss, Q(x, u))."""
+    loss, q = naf_loss(net, target_net, batch, gamma)
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(net.parameters(), MAX_GRAD_NORM)
+    optimizer.step()
+    soft_update(target_net, net, tau)
+    return loss.detach(), q
 
 
-def set_rng_states(states: dict, rng: np.random.Generator) -> None:
-    random.setstate((states["python"][-1], tuple(states["python"][:-1]), None))
-    np.random.set_state((states["numpy"][0], np.array(states["numpy"][1], np.uint32), *states["numpy"][2:]))
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    rng.bit_generator.state = states["generator"]
+def checkpoint_state(net, target_net, optimizer, rb: ReplayBuffer, ou_state, num_updates: int, rng) -> dict:
+    return {"num_updates": num_updates, "net": net.state_dict(), "target_net": target_net.state_dict(),
+            "optimizer": optimizer.state_dict(), "replay_buffer": rb.state_dict(),
+            "ou_state": torch.from_numpy(ou_state.copy()), "rng": rng_state(torch=torch.default_generator, numpy=rng)}
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
+# ---------------------------------------------------------------- training
+def train(args: Args) -> None:
+    check_args(args, [
+        (args.num_envs >= 1, "--num-envs must be at least 1"),
+        (args.batch_size >= 1, "--batch-size must be at least 1"),
+        (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
+        (args.learning_rate > 0, "--learning-rate must be positive"),
+        (0 < args.tau <= 1, "--tau must be in (0, 1]"),
+        (0 <= args.gamma <= 1, "--gamma must be in [0, 1]"),
+        (args.hidden_dim >= 1, "--hidden-dim must be at least 1"),
+        (args.learning_starts >= 0, "--learning-starts must be non-negative"),
+        (args.noise_scale >= 0, "--noise-scale must be non-negative"),
+        (args.updates_per_step >= 1, "--updates-per-step must be at least 1"),
+    ])
+    if args.eval_only:
+        return eval_only(args)
+    device = pick_device(args.device)
+    seed_everything(args.seed, args.torch_deterministic)
+    rng = np.random.default_rng(args.seed)  # replay sampling, exploration noise, random actions
+    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size")) if args.resume else None
+    global_step = ckpt["global_step"] if ckpt else 0
+    envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
+    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim).to(device)
+    target_net = copy.deepcopy(net)
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
+    ou_state, num_updates = np.zeros((args.num_envs, act_dim)), 0
+    if ckpt:
+        net.load_state_dict(ckpt["net"])
+        target_net.load_state_dict(ckpt["target_net"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        rb.load_state_dict(ckpt["replay_buffer"])
+        ou_state, num_updates = ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
+        set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
+    stop = StopSignal()
+    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None) as log:
+        autoreset = np.zeros(args.num_envs, bool)
+        ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
+        while global_step < args.total_steps and not stop:
+            if global_step < args.learning_starts:
+                u = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
+            else:
+                with torch.inference_mode():
+                    _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                noise, ou_state = exploration_noise(args.noise, ou_state, args.noise_scale, rng)
+                u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
+            ou_state[autoreset] = 0.0  # the env ignores this row's action: a new episode's noise starts at 0
+            obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
+            ep_return += rewards * ~autoreset
+            ep_length += ~autoreset
+            autoreset = next_autoreset
+            prev_step, global_step = global_step, global_step + args.num_envs
+            for i in np.flatnonzero(autoreset):
+                log.episode(global_step, ep_return[i], ep_length[i])
+                ep_return[i], ep_length[i] = 0.0, 0
+
+            if global_step >= args.learning_starts and rb.size >= args.batch_size:
+                for _ in range(args.updates_per_step * args.num_envs):
+                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau)
+                    num_updates += 1
+                log.check_finite(loss, global_step)
+                if every(global_step, prev_step, 100):  # as CleanRL
+                    log.scalars(global_step, {"losses/td_loss": loss, "losses/q_values": q.mean()})
+            if every(global_step, prev_step, 1000) or global_step >= args.total_steps or stop:
+                log.scalars(global_step, {"charts/SPS": log.sps(global_step), "charts/learning_rate": args.learning_rate})
+            if stop:  # save right away: no evaluation, no periodic checkpoint
+                break
+            if every(global_step, prev_step, args.eval_interval) and global_step < args.total_steps:
+                log.scalars(global_step, {"eval/episodic_return": np.mean(evaluate(net, args.env_id, args.eval_episodes, args.seed, device))})
+            if every(global_step, prev_step, args.checkpoint_interval):
+                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(net, target_net, optimizer, rb, ou_state, num_updates, rng))
+            log.progress(global_step, args.total_steps)
+        envs.close()
+        if stop:
+            save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(net, target_net, optimizer, rb, ou_state, num_updates, rng))
+            return log.interrupted(global_step)
+        returns = evaluate(net, args.env_id, args.eval_episodes, args.seed, device, log.run_dir / "videos" if args.capture_video else None)
+        log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
+        save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(net, target_net, optimizer, rb, ou_state, num_updates, rng))
+        log.summary(global_step, returns, num_updates=num_updates)
 
 
-def load_checkpoint(path: str, device: torch.device) -> dict:
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a torch checkpoint")
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != "naf":
-        algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
-        raise fail(f"checkpoint {path} belongs to algorithm {algo!r}, not naf; use the script that wrote it")
-    return ckpt
-
-
-def checkpoint_run_dir(path: str) -> Path:
-    """The run dir of a checkpoint: the folder above its checkpoints/ folder (else its own folder)."""
-    folder = Path(path).resolve().parent
-    return folder.parent if folder.name == "checkpoints" else folder
-
-
-def check_resumable(ckpt: dict, args: Args) -> None:
-    """Refuse a checkpoint whose env or shapes (network, OU state, buffer) differ from args,
-    or that is already past --total-steps."""
-    if ckpt["env_id"] != args.env_id:
-        raise fail(f"checkpoint {args.resume} is for {ckpt['env_id']}, not {args.env_id}; pass --env-id {ckpt['env_id']}")
-    if args.total_steps < ckpt["global_step"]:
-        raise fail(f"checkpoint {args.resume} is at step {ckpt['global_step']}, beyond --total-steps {args.total_steps}; pass --total-steps {ckpt['global_step']} or more")
-    for key in ("hidden_dim", "num_envs", "buffer_size"):
-        if ckpt["args"][key] != getattr(args, key):
-            flag = "--" + key.replace("_", "-")
-            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
-
-
+# ---------------------------------------------------------------- evaluation
 def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, video_dir: Path | None = None) -> list[float]:
     """Deterministic returns, u = mu(x) (detail 7)."""
     env = make_env(env_id, render_mode="rgb_array" if video_dir else None)
@@ -407,207 +428,235 @@ def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, vid
     return returns
 
 
+def eval_only(args: Args) -> None:
+    """Evaluate --checkpoint with its own env, network and seed: it repeats the run's final evaluation."""
+    ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
+    env = make_env(ckpt["env_id"])
+    net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"]).to(device)
+    env.close()
+    net.load_state_dict(ckpt["net"])
+    run_dir = run_dir_for(args, args.checkpoint)
+    video_dir = run_dir / "videos" if args.capture_video else None
+    write_eval_only(run_dir, args, ckpt, evaluate(net, ckpt["env_id"], args.eval_episodes, ckpt["args"]["seed"], device, video_dir))
+
+
+# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).
+# No algorithm knowledge below: errors, argument checks, device, seeding, checkpoints, RNG state, stop signals,
+# interval tests and the logger. Change it in one file, then copy it to the others.
+SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+PROCESS_START = time.time()  # summary.json's wall_time_s counts from here (imports done)
+
+
+def fail(message: str) -> SystemExit:
+    """`raise fail(...)`: one line on stderr, exit status 1 (bad input stops before training)."""
+    return SystemExit(f"{SCRIPT}: error: {message}")
+
+
+def check_args(args, rows: list[tuple[bool, str]]) -> None:
+    """Stop at the first (condition, message) row whose condition is false; the common flags first."""
+    common = [
+        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
+        (min(args.eval_interval, args.checkpoint_interval) >= 0, "--eval-interval and --checkpoint-interval must be >= 0 (0: only at the end)"),
+        (not args.eval_only or args.checkpoint is not None, "--eval-only needs --checkpoint PATH"),
+        (not (args.eval_only and args.resume), "--eval-only evaluates --checkpoint and cannot --resume; drop one"),
+        (args.device != "cuda" or torch.cuda.is_available(), "--device cuda but CUDA is not available; use --device cpu or auto"),
+        (not args.track or importlib.util.find_spec("wandb") is not None, "--track needs wandb (pip install wandb), or drop --track"),
+    ]
+    for ok, message in common + rows:
+        if not ok:
+            raise fail(message)
+
+
+def pick_device(name: str) -> torch.device:  # "cuda" without CUDA is refused by check_args
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed the global generators; --torch-deterministic asks for deterministic kernels."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read when CUDA starts
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # CPU and every CUDA device
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def rng_state(**generators) -> dict:
+    """Exactly the generators a file draws from (numpy or torch ones), plus CUDA's when CUDA is in use."""
+    state = {name: g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state()
+             for name, g in generators.items()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, **generators) -> None:
+    for name, g in generators.items():  # a numpy Generator's state is a dict, a torch Generator's a tensor
+        g.set_state(state[name]) if isinstance(g, torch.Generator) else setattr(g.bit_generator, "state", state[name])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+
+
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise fail("--device cuda but no CUDA device is available; use --device auto or cpu")
-    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+def save_checkpoint(path: Path, args, global_step: int, state: dict) -> None:
+    """Plain tensors and containers, written to a temporary file and renamed: a kill leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"algo": ALGO, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
+    os.replace(tmp, path)
 
 
-def eval_only(args: Args) -> None:
-    device = pick_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, device)
-    # The checkpoint defines env, network and seed: this repeats the run's own final evaluation.
-    env_id, hidden_dim, seed = ckpt["env_id"], ckpt["args"]["hidden_dim"], ckpt["args"]["seed"]
-    env = make_env(env_id)
-    net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], hidden_dim).to(device)
-    env.close()
-    net.load_state_dict(ckpt["net"])
-    run_dir = Path(args.run_dir) if args.run_dir else checkpoint_run_dir(args.checkpoint)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    video_dir = run_dir / "videos" if args.capture_video else None
-    returns = evaluate(net, env_id, args.eval_episodes, seed, device, video_dir)
-    result = {"script": SCRIPT, "algo": "naf", "env_id": env_id, "seed": seed, "checkpoint": str(args.checkpoint),
-              "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)),
-              "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
-    write_json(run_dir / "eval.json", result)
-    print(f"eval over {len(returns)} episodes: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
-
-
-def install_stop_handlers() -> dict:
-    """SIGINT/SIGTERM set stop["signal"]; the loop saves and leaves at its next safe point.
-    After the first signal, SIGINT is back to its default, so a second Ctrl-C kills at once."""
-    stop = {"signal": None}
-
-    def on_signal(signum, _frame):
-        stop["signal"] = signum
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    return stop
-
-
-# ---------------------------------------------------------------- training
-def train(args: Args) -> None:
-    """Train (or --eval-only); a W&B run is finished on every way out, errors included."""
-    ok = False
+def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+    """Loaded on the CPU with weights_only=True (a stranger's checkpoint cannot run code); the algorithm
+    moves what it needs to its device. Refuses another script's or another environment's checkpoint."""
     try:
-        run_training(args)
-        ok = True
-    finally:
-        wandb = sys.modules.get("wandb")
-        if args.track and wandb is not None and getattr(wandb, "run", None) is not None:
-            wandb.finish(exit_code=0 if ok else 1)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
+    except Exception as e:
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint")
+    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
+        raise fail(f"{path} is not a checkpoint written by this library; pass a checkpoints/latest.pt")
+    elif ckpt["algo"] != ALGO:
+        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py, not {SCRIPT}; use {ckpt['algo']}.py")
+    if env_id is not None and ckpt["env_id"] != env_id:
+        raise fail(f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']}")
+    return ckpt
 
 
-def run_training(args: Args) -> None:
-    t_start = time.time()  # wall_time_s: the whole process, from here to summary.json
-    check_args(args)
-    if args.eval_only:
-        return eval_only(args)
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise fail("--track needs the wandb package; pip install wandb or drop --track")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on CUDA
-    device = pick_device(args.device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic)
-    rng = np.random.default_rng(args.seed)  # replay sampling, exploration noise, random actions
-    ckpt = load_checkpoint(args.resume, device) if args.resume else None
-    if ckpt:
-        check_resumable(ckpt, args)
-    global_step = ckpt["global_step"] if ckpt else 0
-    envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
-    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
+def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
+    """--resume's checkpoint; refused below its step or when an argument in `same` (sizes of what it holds) differs."""
+    ckpt = load_checkpoint(args.resume, args.env_id)
+    if args.total_steps < ckpt["global_step"]:
+        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
+    for key in same:
+        if ckpt["args"][key] != getattr(args, key):
+            flag = "--" + key.replace("_", "-")
+            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+    return ckpt
 
-    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim).to(device)
-    target_net = copy.deepcopy(net)
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
-    ou_state = np.zeros((args.num_envs, act_dim))
-    num_updates, start_step = 0, global_step
-    if ckpt:
-        net.load_state_dict(ckpt["net"])
-        target_net.load_state_dict(ckpt["target_net"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        for group in optimizer.param_groups:
-            group["lr"] = args.learning_rate
-        rb.load_state_dict(ckpt["replay_buffer"])
-        set_rng_states(ckpt["rng"], rng)
-        ou_state, num_updates = ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
-        run_dir = Path(args.run_dir) if args.run_dir else checkpoint_run_dir(args.resume)
-    else:
-        default = f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = Path(args.run_dir or default)
+
+def run_dir_for(args, checkpoint: str | None) -> Path:
+    """--run-dir if given; for a resume or --eval-only, the folder that holds the checkpoint's
+    checkpoints/ folder where it lies now; else runs/<env>__<exp>__<seed>__<unix time>."""
+    if args.run_dir:
+        return Path(args.run_dir)
+    if checkpoint:
+        folder = Path(checkpoint).resolve().parent
+        return folder.parent if folder.name == "checkpoints" else folder
+    return Path(f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
+
+
+def write_eval_only(run_dir: Path, args, ckpt: dict, returns: list[float], **extra) -> None:
+    """eval.json of --eval-only, beside the run's own outputs."""
+    result = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"],
+              "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"], **eval_stats(returns), **extra}
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", asdict(args))
-    if args.track:
-        wandb.init(project=args.wandb_project_name, config=asdict(args), sync_tensorboard=True, dir=str(run_dir),
-                   name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
-    # Everything logged at the checkpoint's step was logged before it was saved: keep it.
-    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if ckpt else None)
-    if not ckpt:
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    write_json(run_dir / "eval.json", result)
+    print(f"eval at step {ckpt['global_step']:,}: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
 
-    stop = install_stop_handlers()
 
-    def checkpoint() -> None:
-        save_checkpoint(run_dir / "checkpoints" / "latest.pt", {
-            "algo": "naf", "env_id": args.env_id, "args": asdict(args), "global_step": global_step,
-            "num_updates": num_updates, "net": net.state_dict(), "target_net": target_net.state_dict(),
-            "optimizer": optimizer.state_dict(), "replay_buffer": rb.state_dict(),
-            "ou_state": torch.from_numpy(ou_state.copy()), "rng": rng_states(rng)})
+def eval_stats(returns: list[float]) -> dict:  # the evaluation fields of summary.json and eval.json
+    return {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
+            "eval_episodes": len(returns), "eval_returns": [float(r) for r in returns]}
 
-    def run_eval(video_dir: Path | None = None) -> list[float]:
-        returns = evaluate(net, args.env_id, args.eval_episodes, args.seed, device, video_dir)
-        writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-        return returns
 
-    autoreset = np.zeros(args.num_envs, bool)
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
-    recent_returns: list[float] = []
-    loop_start = last_print = time.time()  # sps: env steps per second of this loop only
-    while global_step < args.total_steps and stop["signal"] is None:
-        if global_step < args.learning_starts:
-            u = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
-        else:
-            with torch.inference_mode():
-                _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device))
-            noise, ou_state = exploration_noise(args.noise, ou_state, args.noise_scale, rng)
-            u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
-        obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
-        ep_return += rewards * ~autoreset
-        ep_length += ~autoreset
-        autoreset = next_autoreset
-        prev_step, global_step = global_step, global_step + args.num_envs
-        for i in np.flatnonzero(autoreset):
-            writer.add_scalar("charts/episodic_return", ep_return[i], global_step)
-            writer.add_scalar("charts/episodic_length", ep_length[i], global_step)
-            recent_returns = (recent_returns + [float(ep_return[i])])[-20:]
-            ep_return[i], ep_length[i], ou_state[i] = 0.0, 0, 0.0
+class StopSignal:
+    """The first SIGINT or SIGTERM makes this true: the loop checkpoints and leaves at its next safe
+    point. Both signals then go back to their defaults, so a second one kills at once."""
 
-        if global_step >= args.learning_starts and rb.size >= args.batch_size:
-            for _ in range(args.updates_per_step * args.num_envs):
-                loss, batch_q = naf_loss(net, target_net, rb.sample(args.batch_size, rng, device), args.gamma)
-                if not torch.isfinite(loss):
-                    raise fail(f"non-finite loss at step {global_step}; the last good checkpoint is kept, lower --learning-rate")
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(net.parameters(), MAX_GRAD_NORM)
-                optimizer.step()
-                soft_update(target_net, net, args.tau)
-                num_updates += 1
-            if global_step // 100 != prev_step // 100:  # log every 100 env steps, as CleanRL
-                writer.add_scalar("losses/td_loss", loss.item(), global_step)
-                writer.add_scalar("losses/q_values", batch_q.mean().item(), global_step)
-        # Every 1000 env steps (whatever the update schedule) and at the loop's last step.
-        if global_step // 1000 != prev_step // 1000 or global_step >= args.total_steps or stop["signal"] is not None:
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - loop_start)), global_step)
-            writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+    def __init__(self):
+        self.signum = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
 
-        if stop["signal"] is not None:  # save right away: no evaluation, no periodic checkpoint
-            continue
-        if args.eval_interval and global_step // args.eval_interval != prev_step // args.eval_interval and global_step < args.total_steps:
-            run_eval()
-        if args.checkpoint_interval and global_step // args.checkpoint_interval != prev_step // args.checkpoint_interval:
-            checkpoint()
-        if time.time() - last_print > 5:
-            last_print = time.time()
-            sps = (global_step - start_step) / (last_print - loop_start)
-            ret = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            eta = (args.total_steps - global_step) / max(sps, 1e-9)
-            print(f"step {global_step:,}/{args.total_steps:,} | {sps:.0f} SPS | return {ret} | eta {eta / 60:.0f}m", flush=True)
+    def _on_signal(self, signum, _frame) -> None:
+        self.signum = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
 
-    loop_time = time.time() - loop_start
-    if stop["signal"] is not None:
-        checkpoint()
-        print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} to {run_dir / 'checkpoints' / 'latest.pt'}; resume with --resume")
-        envs.close()
-        writer.close()
-        return
-    returns = run_eval(run_dir / "videos" if args.capture_video else None)
-    checkpoint()
-    envs.close()
-    writer.close()
-    write_json(run_dir / "summary.json", {
-        "script": SCRIPT, "algo": "naf", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
-        "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns),
-        "eval_returns": returns, "wall_time_s": time.time() - t_start, "sps": (global_step - start_step) / max(loop_time, 1e-9),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "num_updates": num_updates})
-    print(f"done: {global_step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {run_dir}")
+    def __bool__(self) -> bool:
+        return self.signum is not None
 
+
+def every(step: int, previous_step: int, interval: int) -> bool:
+    """True when a multiple of `interval` lies in (previous_step, step]; never when interval is 0."""
+    return interval > 0 and step // interval != previous_step // interval
+
+
+class RunLogger:
+    """TensorBoard events (and W&B with --track), config.json, the progress line and summary.json of
+    one run. `with RunLogger(...) as log:` finishes the W&B run with the right exit code on every way out.
+    SPS counts this process's env steps over its training loop: the last sps() call marks the loop's end."""
+
+    def __init__(self, args, run_dir: Path, start_step: int, resumed: bool, **config):
+        self.args, self.run_dir, self.start_step = args, run_dir, start_step
+        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", {**asdict(args), "run_dir": str(run_dir), **config})
+        self.wandb = importlib.import_module("wandb") if args.track else None  # optional: imported only when asked
+        if self.wandb is not None:
+            self.wandb.init(project=args.wandb_project_name, config={**asdict(args), **config}, sync_tensorboard=True,
+                            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
+        # purge_step: points after the checkpoint's step came from after the save; hide them on resume.
+        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        if not resumed:
+            table = "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **config}.items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        self.recent: deque = deque(maxlen=20)
+        self.loop_start = self.loop_end = self.last_print = time.time()
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        self.writer.close()
+        if self.wandb is not None:
+            failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
+            self.wandb.finish(exit_code=1 if failed else 0)
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        self.scalars(step, {"charts/episodic_return": episodic_return, "charts/episodic_length": length})
+        self.recent.append(float(episodic_return))
+
+    def sps(self, step: int) -> float:
+        self.loop_end = time.time()
+        return (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9)
+
+    def progress(self, step: int, total_steps: int) -> None:
+        if time.time() - self.last_print < 5:
+            return
+        self.last_print = time.time()
+        sps = self.sps(step)
+        ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+        eta = (total_steps - step) / max(sps, 1e-9)
+        print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
+
+    def check_finite(self, value: torch.Tensor, step: int) -> None:
+        if not torch.isfinite(value).all():
+            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try a lower --learning-rate")
+
+    def interrupted(self, step: int) -> None:
+        print(f"interrupted: checkpoint saved at step {step:,} to {self.checkpoint}; continue with --resume {self.checkpoint}", flush=True)
+
+    def summary(self, step: int, returns: list[float], **extra) -> None:
+        """summary.json, written only by a finished run (its presence means "finished")."""
+        write_json(self.run_dir / "summary.json", {
+            "script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed, "global_step": step,
+            **eval_stats(returns), "wall_time_s": time.time() - PROCESS_START,
+            "sps": (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra})
+        print(f"done: {step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {self.run_dir}", flush=True)
 
 if __name__ == "__main__":
     train(tyro.cli(Args))

@@ -304,7 +304,7 @@ def test_unsupported_env_refused(env_id, fragment):
 ])
 def test_bad_hyperparameters(flags, fragment):
     with pytest.raises(SystemExit, match=fragment):
-        naf.check_args(naf.Args(**flags))
+        naf.train(naf.Args(**flags))
 
 
 @pytest.mark.slow
