@@ -1,7 +1,7 @@
 """Phasic Policy Gradient (PPG) for discrete actions and flat observations.
 
 Paper: Karl Cobbe, Jacob Hilton, Oleg Klimov, John Schulman, "Phasic Policy
-Gradient", 2021, arXiv:2009.04416. Reference code: openai/phasic-policy-gradient;
+Gradient", ICML 2021, arXiv:2009.04416. Reference code: openai/phasic-policy-gradient;
 peer: CleanRL ppg_procgen.py.
 
 Idea. PPO trains policy and value function together, either in one network (the
@@ -24,12 +24,14 @@ Equations (one state s, advantage A_hat from GAE, r = pi(a|s) / pi_old(a|s)):
     collected; pi_old is the policy just before the auxiliary phase, computed once.
 
 Implementation details:
- 1. Architectures (--arch). `dual` (the reference default): a policy network
-    (trunk + policy head + auxiliary value head) and a separate value network.
-    `shared`: one trunk carrying policy, value and auxiliary value heads; the
-    value head reads the trunk's features detached (the reference's "detach"),
-    so value training never reaches the trunk; the trunk learns value only
-    through the auxiliary head in the auxiliary phase, as in the paper.
+ 1. Architectures (--arch), named as in the reference. `dual` (the reference
+    default, the paper's PPG): a policy network (trunk + policy head + auxiliary
+    value head) and a separate value network. `detach`: one trunk carrying the
+    policy, value and auxiliary value heads; the value head reads the trunk's
+    features detached, so value training never reaches the trunk, which learns
+    value only through the auxiliary head in the auxiliary phase. `shared`: the
+    same single trunk without the stop-gradient, so the value loss trains the
+    trunk too (with --e-aux 0, the usual shared-network PPO).
  2. Policy phase: max(E_pi, E_V) epochs of minibatches with one optimizer;
     epoch i adds the policy loss if i < E_pi and the value loss if i < E_V.
     With E_pi = E_V (the reference's and our defaults) this is the reference's
@@ -38,25 +40,31 @@ Implementation details:
  3. Auxiliary phase after every N_pi policy iterations, with pi_old's logits
     computed once for all stored states before the first epoch; minibatches are
     drawn from all stored samples (--aux-num-minibatches).
- 4. Separate Adam optimizers (eps 1e-5) for the policy and auxiliary phases, as
-    in the reference; both, the phase counter and the samples stored for the
-    next auxiliary phase are checkpointed, so a resume mid-phase continues it.
+ 4. Separate Adam optimizers for the policy and auxiliary phases, as in the
+    reference (eps: deviation g); both, the phase counter and the samples stored
+    for the next auxiliary phase are checkpointed, so a resume mid-phase continues it.
  5. Gymnasium semantics: vector envs autoreset in the NEXT_STEP mode; the step
     after a done is masked out of every loss and statistic (`valid`). GAE uses
     V(s_{t+1}) on truncation (under NEXT_STEP, s_{t+1} is the real final
     observation) and 0 on termination.
  6. Orthogonal init (sqrt 2 body, 0.01 policy head, 1 value heads), tanh MLPs,
-    optional linear LR annealing (both optimizers). --norm-reward divides
-    rewards by the running std of the discounted return and clips them to +-10,
-    as the reference's RewardNormalizer (statistics in the checkpoint).
+    optional linear LR annealing of both optimizers to 0 at --anneal-steps (by
+    default the first run's --total-steps; a resume keeps that horizon, and a
+    --total-steps beyond it is refused rather than training at a rate of 0).
+    --norm-reward divides rewards by the running std of the discounted return
+    and clips them to +-10, as the reference's RewardNormalizer.
  7. Evaluation: greedy (argmax) policy on a separate env, episode i seeded with
-    seed + 10000 + i. SIGINT/SIGTERM skip any evaluation still to come, save a
-    checkpoint and exit 0 without summary.json (summary.json always means a
-    finished run); a second signal kills the process at once.
- 8. Resume restores the vectorised env's numpy state (classic control's
+    seed + 10000 + i.
+ 8. Checkpoints (plain dict, `torch.load(weights_only=True)` on the CPU; tensors
+    move to --device as they are restored): network, both optimizers, counters,
+    stored samples, reward statistics, and torch's generator, the only one drawn
+    from (initialisation, action sampling, minibatch order; CUDA's too when used).
+    Resume restores the vector env's numpy state (classic control's
     vector_entry_point envs keep it in arrays), so a resumed run continues the
-    same episodes and gives the same metrics as an uninterrupted one. Envs that
+    same episodes and gives the same metrics as an uninterrupted one; envs that
     fall back to SyncVectorEnv (e.g. Box2D) are reset at resume instead.
+    SIGINT/SIGTERM skip any evaluation still due, save a checkpoint and exit 0
+    without summary.json (summary.json means "finished"); a second signal kills.
 
 Deviations from the Procgen reference (N_pi 32, E_pi 1, E_V 1, E_aux 6,
 beta_clone 1, lr 5e-4, gamma 0.999, lambda 0.95, 64 envs x 256 steps), chosen so
@@ -72,7 +80,10 @@ that CartPole-v1 is solved in about 50k steps, all tested on CartPole:
  e. gradient-norm clipping (0.5, CleanRL; the reference has none), applied to
     the policy side and the value side separately: one joint norm let the
     large value gradient shrink the policy's steps to nothing on LunarLander;
- f. unclipped value loss and MLPs instead of IMPALA CNNs (flat observations).
+ f. unclipped value loss and MLPs instead of IMPALA CNNs (flat observations);
+ g. Adam eps 1e-5 (CleanRL's and baselines' PPO) where the reference keeps
+    PyTorch's default 1e-8: the presets were tuned and the zoo's results measured
+    with 1e-5; --adam-eps 1e-8 gives the reference's optimizer.
 With --e-aux 0 the auxiliary phase is off and the file is plain PPO (separate
 policy and value networks with --arch dual): the honest ablation.
 
@@ -81,15 +92,20 @@ Usage: python algos/ppg.py --env-id CartPole-v1 --total-steps 50000 --seed 1
 
 from __future__ import annotations
 
-import json
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads sleep instead of spinning
+
+import importlib.util
+import json
 import random
 import resource
 import signal
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Literal, Optional
+from pathlib import Path
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -99,8 +115,6 @@ import torch.nn.functional as F
 import tyro
 from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
-
-SCRIPT = "ppg.py"
 
 
 @dataclass
@@ -114,39 +128,42 @@ class Args:
     num_envs: int = 8
     """parallel environments"""
     torch_deterministic: bool = True
-    """torch.use_deterministic_algorithms"""
+    """torch.use_deterministic_algorithms, for identical runs on CPU"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto = cuda if available"""
+    """auto picks cuda when available"""
     exp_name: str = "ppg"
     """experiment name, part of the default run directory"""
-    run_dir: Optional[str] = None
-    """output directory (default runs/<env>__<exp>__<seed>__<time>)"""
+    run_dir: str | None = None
+    """output directory (default runs/<env>__<exp>__<seed>__<unixtime>)"""
     checkpoint_interval: int = 25_000
     """env steps between checkpoints (0: only at the end)"""
-    resume: Optional[str] = None
-    """checkpoint to continue from"""
+    resume: str | None = None
+    """checkpoint to continue from (its run directory is reused)"""
     eval_episodes: int = 10
-    """greedy evaluation episodes"""
+    """greedy evaluation episodes (periodic and final)"""
     eval_interval: int = 10_000
     """env steps between evaluations (0: only at the end)"""
     eval_only: bool = False
-    """evaluate --checkpoint and exit"""
-    checkpoint: Optional[str] = None
-    """checkpoint for --eval-only"""
+    """only evaluate --checkpoint (its env, network and seed), write eval.json and exit"""
+    checkpoint: str | None = None
+    """checkpoint to evaluate with --eval-only"""
     capture_video: bool = False
-    """record the final evaluation episodes into <run_dir>/videos"""
+    """record the final (or --eval-only) evaluation episodes as mp4 in <run_dir>/videos"""
     track: bool = False
-    """log to Weights & Biases"""
+    """log to Weights & Biases (mode from WANDB_MODE)"""
     wandb_project_name: str = "rl-training"
-    """W&B project"""
-
+    """Weights & Biases project"""
     # PPO (policy phase)
     num_steps: int = 32
     """steps per env per rollout"""
     learning_rate: float = 1e-3
     """Adam learning rate of the policy phase"""
+    adam_eps: float = 1e-5
+    """Adam epsilon of both optimizers (the reference: 1e-8; deviation g)"""
     anneal_lr: bool = True
-    """anneal both learning rates linearly to 0"""
+    """anneal both learning rates linearly to 0 at --anneal-steps"""
+    anneal_steps: int = 0
+    """env steps at which the annealed rates reach 0 (0: the first run's --total-steps, kept on resume)"""
     gamma: float = 0.98
     """discount"""
     gae_lambda: float = 0.8
@@ -160,14 +177,14 @@ class Args:
     vf_coef: float = 0.5
     """value loss weight in the policy phase"""
     max_grad_norm: float = 0.5
-    """gradient-norm clip, applied to the policy and value networks separately"""
+    """gradient-norm clip, applied to the policy and value sides separately"""
     norm_reward: bool = False
     """divide rewards by a running std of the discounted return (reference rnorm)"""
     hidden_dim: int = 64
     """width of the two hidden layers"""
     # PPG
-    arch: Literal["dual", "shared"] = "dual"
-    """dual: separate value network; shared: one trunk, value head detached"""
+    arch: Literal["dual", "detach", "shared"] = "dual"
+    """dual: separate value network; detach: one trunk, value head on its detached features; shared: one trunk"""
     n_pi: int = 8
     """N_pi: policy iterations per phase"""
     e_pi: int = 10
@@ -182,10 +199,6 @@ class Args:
     """Adam learning rate of the auxiliary phase"""
     aux_num_minibatches: int = 8
     """minibatches per auxiliary epoch (over all N_pi rollouts)"""
-
-
-def fail(message: str) -> SystemExit:
-    return SystemExit(f"{SCRIPT}: error: {message}")
 
 
 # ---------------------------------------------------------------- environment
@@ -210,7 +223,7 @@ def check_env(env_id: str) -> tuple[int, int]:
 
 
 def make_envs(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """Gymnasium's native vector env where one exists (classic control), else sync."""
+    """Gymnasium's native vector env where one exists (classic control), else sync; NEXT_STEP autoreset (detail 5)."""
     try:
         return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
     except gym.error.Error:
@@ -218,7 +231,7 @@ def make_envs(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
 
 
 def env_state(envs: gym.vector.VectorEnv) -> dict:
-    """The numpy state (arrays, generators) of a native vector env; {} for a sync one."""
+    """The numpy state (arrays, generators) of a native vector env; {} for a sync one (detail 8)."""
     if isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
         return {}
     state = {}
@@ -253,8 +266,8 @@ def mlp(obs_dim: int, hidden: int) -> nn.Sequential:
 
 
 class Agent(nn.Module):
-    """Policy trunk with policy and auxiliary value heads; value head on its own
-    trunk (`dual`) or on the policy trunk's detached features (`shared`)."""
+    """Policy trunk with policy and auxiliary value heads; the value head sits on its own trunk
+    (`dual`), on the policy trunk's detached features (`detach`) or on the policy trunk (`shared`)."""
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int, arch: str):
         super().__init__()
@@ -268,8 +281,8 @@ class Agent(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy logits, V(s) and V_aux(s)."""
         h = self.pi_body(x)
-        # `shared`: the value loss must not shape the policy's features (paper Sec. 3).
-        h_v = self.v_body(x) if self.v_body is not None else h.detach()
+        # `detach`: the value loss must not shape the policy's features (paper Sec. 3); `shared` lets it.
+        h_v = self.v_body(x) if self.v_body is not None else h.detach() if self.arch == "detach" else h
         return self.pi_head(h), self.v_head(h_v).squeeze(-1), self.aux_head(h).squeeze(-1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -286,6 +299,33 @@ def clip_grads(agent: Agent, max_norm: float) -> None:
 
 
 # ------------------------------------------------------------- algorithm math
+def rollout(envs, agent: Agent, buf: dict, carry: dict) -> list[tuple[int, float, int]]:
+    """num_steps vector steps into the preallocated `buf`. `carry` holds what crosses rollouts
+    (next observation, envs whose next step is an autoreset, running episode return and length)
+    and is updated in place. The autoreset step gets valid = 0 (detail 5).
+    Returns (step index, return, length) of each episode that ended."""
+    device, episodes = buf["rewards"].device, []
+    for t in range(buf["rewards"].shape[0]):
+        buf["obs"][t] = carry["obs"]
+        buf["valid"][t] = torch.as_tensor(~carry["autoreset"], dtype=torch.float32, device=device)
+        with torch.inference_mode():
+            logits, value, _ = agent(carry["obs"])
+            dist = Categorical(logits=logits)
+            action = dist.sample()
+            buf["logprobs"][t], buf["values"][t], buf["actions"][t] = dist.log_prob(action), value, action
+        next_obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
+        done, real = terminated | truncated, ~carry["autoreset"]
+        for name, x in (("rewards", reward), ("terminated", terminated), ("dones", done)):
+            buf[name][t] = torch.as_tensor(x, dtype=torch.float32, device=device)
+        carry["obs"] = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+        carry["ep_return"] += np.where(real, reward, 0.0)
+        carry["ep_length"] += real
+        episodes += [(t, float(carry["ep_return"][i]), int(carry["ep_length"][i])) for i in np.flatnonzero(done & real)]
+        carry["ep_return"][done], carry["ep_length"][done] = 0.0, 0
+        carry["autoreset"] = done
+    return episodes
+
+
 def gae(rewards, values, next_value, terminated, dones, gamma: float, lam: float) -> torch.Tensor:
     """GAE(lambda) advantages, [T, N]. values[t] = V(s_t); next_value = V(s_T).
     Termination cuts the bootstrap; truncation keeps V(s_{t+1}) (the real final
@@ -322,6 +362,30 @@ def update_moments(moments: list, x: torch.Tensor) -> list:
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def make_batch(buf: dict, next_value, reward_norm: dict, args: Args) -> tuple[dict, dict]:
+    """The flat training batch: GAE advantages normalised over the valid samples, and V_targ.
+    With --norm-reward the rewards are first scaled as the reference's RewardNormalizer (detail 6).
+    Returns the batch and the updated reward statistics. Call it under torch.no_grad()."""
+    r = buf["rewards"]
+    if args.norm_reward:
+        ret, carry_ret = discounted_returns(r, buf["dones"], reward_norm["ret"], args.gamma)
+        reward_norm = {"moments": update_moments(reward_norm["moments"], ret[buf["valid"].bool()]), "ret": carry_ret}
+        r = (r / np.sqrt(reward_norm["moments"][2] + 1e-8)).clamp(-10.0, 10.0)
+    advantages = gae(r, buf["values"], next_value, buf["terminated"], buf["dones"], args.gamma, args.gae_lambda)
+    w, adv = buf["valid"].flatten(), advantages.flatten()
+    mean = masked_mean(adv, w)
+    std = masked_mean((adv - mean) ** 2, w).sqrt()
+    return {"obs": buf["obs"].flatten(0, 1), "actions": buf["actions"].flatten(), "logprobs": buf["logprobs"].flatten(),
+            "advantages": (adv - mean) / (std + 1e-8), "returns": (advantages + buf["values"]).flatten(), "valid": w}, reward_norm
+
+
+@torch.no_grad()
+def explained_variance(y: torch.Tensor, pred: torch.Tensor, w: torch.Tensor) -> float:
+    var_y = masked_mean((y - masked_mean(y, w)) ** 2, w)
+    resid = y - pred
+    return float(1 - masked_mean((resid - masked_mean(resid, w)) ** 2, w) / var_y) if var_y > 0 else float("nan")
 
 
 def categorical_kl(logits_old: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -395,41 +459,140 @@ def auxiliary_phase(agent: Agent, optimizer, obs, v_targ, valid, args: Args) -> 
     return dict(zip(["kl", "aux_value", "value"], stats.tolist()))
 
 
-# ------------------------------------------------- checkpoints and evaluation
-SHAPE_ARGS = ("env_id", "arch", "hidden_dim", "num_envs", "num_steps", "n_pi")
+# ------------------------------------------------------------- checkpoints
+def checkpoint_state(agent, optimizer, aux_optimizer, envs, carry: dict, aux: dict, reward_norm: dict, counters: dict) -> dict:
+    """Everything a resume needs, as plain CPU tensors and numbers (detail 8)."""
+    k = counters["phase_iteration"]
+    return {**counters, "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "aux_optimizer": aux_optimizer.state_dict(), **{f"aux_{name}": x[:k].cpu() for name, x in aux.items()},
+            "env_state": env_state(envs), "next_obs": carry["obs"].cpu(),
+            **{name: torch.from_numpy(carry[name].copy()) for name in ("autoreset", "ep_return", "ep_length")},
+            "reward_moments": reward_norm["moments"], "reward_ret": reward_norm["ret"].cpu(),
+            "rng": rng_state(torch=torch.default_generator)}
 
 
-def save_checkpoint(path: str, state: dict) -> None:
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+def restore(ckpt: dict, agent, optimizer, aux_optimizer, envs, carry: dict, aux: dict, device) -> tuple[dict, dict]:
+    """Load a checkpoint (on the CPU) into the run's objects, moving tensors to `device`;
+    returns the reward statistics and the counters."""
+    agent.load_state_dict(ckpt["agent"])
+    optimizer.load_state_dict(ckpt["optimizer"])  # Adam's moments follow the parameters' device
+    aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
+    for name, x in aux.items():
+        x[: ckpt["phase_iteration"]] = ckpt[f"aux_{name}"].to(device)
+    if ckpt["env_state"] and env_state(envs):  # the same episodes continue (detail 8)
+        set_env_state(envs, ckpt["env_state"])
+        carry.update({name: ckpt[name].numpy().copy() for name in ("autoreset", "ep_return", "ep_length")})
+        carry["obs"] = ckpt["next_obs"].to(device)
+    else:
+        carry["obs"] = torch.as_tensor(envs.reset(seed=ckpt["args"]["seed"] + ckpt["iteration"])[0], dtype=torch.float32, device=device)
+    set_rng_state(ckpt["rng"], torch=torch.default_generator)
+    counters = {name: ckpt[name] for name in ("iteration", "phase_iteration", "aux_phases", "train_time_s", "aux_time_s")}
+    return {"moments": ckpt["reward_moments"], "ret": ckpt["reward_ret"].to(device)}, counters
 
 
-def load_checkpoint(path: str, device) -> dict:
-    if not os.path.isfile(path):
-        raise fail(f"checkpoint {path} does not exist; pass a checkpoints/latest.pt of a ppg.py run")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        raise fail(f"checkpoint {path} cannot be read ({type(e).__name__}); it is corrupt or not a torch checkpoint") from None
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != "ppg":
-        algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
-        raise fail(f"checkpoint {path} belongs to {algo or 'another program'}, not ppg; use the matching script")
-    return ckpt
+# ---------------------------------------------------------------- training
+def train(args: Args) -> None:
+    batch_size = args.num_envs * args.num_steps
+    positive = ("num_envs", "num_steps", "num_minibatches", "aux_num_minibatches", "n_pi", "e_pi", "hidden_dim")
+    check_args(args, [(getattr(args, n) >= 1, f"--{n.replace('_', '-')} must be at least 1, got {getattr(args, n)}") for n in positive] + [
+        (min(args.e_v, args.e_aux, args.anneal_steps) >= 0, "--e-v, --e-aux and --anneal-steps must not be negative"),
+        (args.e_v > 0 or args.e_aux > 0, "--e-v 0 with --e-aux 0 never trains the value function; raise one of them"),
+        (min(args.learning_rate, args.aux_learning_rate, args.adam_eps) > 0, "--learning-rate, --aux-learning-rate and --adam-eps must be positive"),
+        (batch_size % args.num_minibatches == 0, f"--num-minibatches {args.num_minibatches} does not divide num-envs x num-steps = {batch_size}; pick a divisor"),
+        (not args.e_aux or args.n_pi * batch_size % args.aux_num_minibatches == 0,
+         f"--aux-num-minibatches {args.aux_num_minibatches} does not divide n-pi x num-envs x num-steps = {args.n_pi * batch_size}; pick a divisor"),
+        (args.resume or args.eval_only or args.total_steps >= batch_size,
+         f"--total-steps {args.total_steps} is below one rollout (num-envs x num-steps = {batch_size}); raise it"),
+    ])
+    if args.eval_only:
+        return eval_only(args)
+    device = pick_device(args.device)
+    obs_dim, n_actions = check_env(args.env_id)
+    ckpt = resume_checkpoint(args, same=("arch", "hidden_dim", "num_envs", "num_steps", "n_pi")) if args.resume else None
+    if ckpt and bool(ckpt["args"]["e_aux"]) != bool(args.e_aux):  # the stored samples exist only with an aux phase
+        raise fail(f"checkpoint {args.resume} was made with --e-aux {ckpt['args']['e_aux']}, not {args.e_aux} (the auxiliary phase "
+                   f"cannot be switched on or off at resume); pass --e-aux {ckpt['args']['e_aux']}")
+    anneal_steps = args.anneal_steps or (ckpt["anneal_steps"] if ckpt else args.total_steps)
+    if args.anneal_lr and args.total_steps > anneal_steps:
+        raise fail(f"--total-steps {args.total_steps} runs past the learning-rate schedule, which reaches 0 at step {anneal_steps}; "
+                   f"pass --anneal-steps {args.total_steps} to stretch it, or --no-anneal-lr")
+    seed_everything(args.seed, args.torch_deterministic)
+    envs = make_envs(args.env_id, args.num_envs)
+    agent = Agent(obs_dim, n_actions, args.hidden_dim, args.arch).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=args.aux_learning_rate, eps=args.adam_eps)
+    T, N = args.num_steps, args.num_envs
+    buf = {name: torch.zeros((T, N), device=device) for name in ("logprobs", "rewards", "values", "terminated", "dones", "valid")}
+    buf.update(obs=torch.zeros((T, N, obs_dim), device=device), actions=torch.zeros((T, N), dtype=torch.long, device=device))
+    # Samples kept for the auxiliary phase: states, V_targ and the valid mask of N_pi rollouts.
+    n_store = args.n_pi if args.e_aux else 0
+    aux = {"obs": torch.zeros((n_store, batch_size, obs_dim), device=device), "vtarg": torch.zeros((n_store, batch_size), device=device),
+           "valid": torch.zeros((n_store, batch_size), device=device)}
+    carry = {"obs": torch.as_tensor(envs.reset(seed=args.seed)[0], dtype=torch.float32, device=device),
+             "autoreset": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N, dtype=np.int64)}
+    reward_norm = {"moments": [0, 0.0, 1.0], "ret": torch.zeros(N, device=device)}
+    c = {"iteration": 0, "phase_iteration": 0, "aux_phases": 0, "train_time_s": 0.0, "aux_time_s": 0.0, "anneal_steps": anneal_steps}
+    if ckpt:
+        reward_norm, restored = restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, device)
+        c.update(restored)
+    global_step, num_iterations = c["iteration"] * batch_size, args.total_steps // batch_size
+    stop = StopSignal()
+    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None) as log:
+        while c["iteration"] < num_iterations:
+            c["iteration"] += 1
+            t_iter = time.time()
+            frac = 1.0 - (c["iteration"] - 1) / (anneal_steps // batch_size) if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            aux_optimizer.param_groups[0]["lr"] = frac * args.aux_learning_rate
+
+            for t, ep_return, ep_length in rollout(envs, agent, buf, carry):
+                log.episode(global_step + (t + 1) * N, ep_return, ep_length)
+            global_step += batch_size
+            with torch.no_grad():
+                batch, reward_norm = make_batch(buf, agent(carry["obs"])[1], reward_norm, args)
+            stats, aux_stats = policy_phase(agent, optimizer, batch, args), {}
+            if args.e_aux:
+                k = c["phase_iteration"]
+                aux["obs"][k], aux["vtarg"][k], aux["valid"][k] = batch["obs"], batch["returns"], batch["valid"]
+                c["phase_iteration"] += 1
+            if args.e_aux and c["phase_iteration"] == args.n_pi:
+                t_aux = time.time()
+                aux_stats = auxiliary_phase(agent, aux_optimizer, aux["obs"].flatten(0, 1), aux["vtarg"].flatten(), aux["valid"].flatten(), args)
+                c["phase_iteration"], c["aux_phases"] = 0, c["aux_phases"] + 1
+                c["aux_time_s"] += time.time() - t_aux
+            c["train_time_s"] += time.time() - t_iter
+
+            log.check_finite(torch.tensor([*stats.values(), *aux_stats.values()]), global_step)
+            log.scalars(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
+                                      "charts/aux_learning_rate": aux_optimizer.param_groups[0]["lr"],
+                                      **{f"losses/{k}": v for k, v in stats.items()},
+                                      "losses/explained_variance": explained_variance(batch["returns"], buf["values"].flatten(), batch["valid"]),
+                                      **{f"losses/aux/{k}": v for k, v in aux_stats.items()},
+                                      "charts/aux_phase_time_fraction": c["aux_time_s"] / max(c["train_time_s"], 1e-9),
+                                      "charts/SPS": log.sps(global_step)})
+            leaving = bool(stop) or c["iteration"] == num_iterations  # a signal skips the evaluations still due
+            if not leaving and every(global_step, global_step - batch_size, args.eval_interval):
+                log.scalars(global_step, {"eval/episodic_return": np.mean(evaluate(agent, args.env_id, args.eval_episodes, args.seed, device))})
+            if leaving or every(global_step, global_step - batch_size, args.checkpoint_interval):
+                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, c))
+            if leaving:
+                break
+            log.progress(global_step, args.total_steps)
+        envs.close()
+        if stop:
+            return log.interrupted(global_step)
+        returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device, log.run_dir / "videos" if args.capture_video else None)
+        log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
+        log.summary(global_step, returns, arch=args.arch, aux_phases=c["aux_phases"],
+                    aux_phase_time_fraction=c["aux_time_s"] / max(c["train_time_s"], 1e-9))
 
 
-def checkpoint_run_dir(path: str) -> str:
-    """Run dir of a checkpoint, from where the file lies (a stored path may be relative
-    or stale after a move): the parent of its `checkpoints/` folder, else its folder."""
-    folder = os.path.dirname(os.path.realpath(path))
-    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
-
-
-def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None) -> list[float]:
-    """Greedy (argmax) returns of `episodes` episodes seeded seed + 10000 + i."""
+# ---------------------------------------------------------------- evaluation
+def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_dir: Path | None = None) -> list[float]:
+    """Greedy (argmax) returns of `episodes` episodes seeded seed + 10000 + i (detail 7)."""
     env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
     if video_dir:
-        env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda i: True, name_prefix="eval")
+        env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval", disable_logger=True)
     returns = []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + 10_000 + i)
@@ -445,314 +608,234 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
     return returns
 
 
-def write_json(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
+def eval_only(args: Args) -> None:
+    """Evaluate --checkpoint with its own env, network and seed: it repeats the run's final evaluation."""
+    ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
+    c = ckpt["args"]
+    agent = Agent(*check_env(ckpt["env_id"]), c["hidden_dim"], c["arch"]).to(device)
+    agent.load_state_dict(ckpt["agent"])
+    run_dir = run_dir_for(args, args.checkpoint)
+    video_dir = run_dir / "videos" if args.capture_video else None
+    write_eval_only(run_dir, args, ckpt, evaluate(agent, ckpt["env_id"], args.eval_episodes, c["seed"], device, video_dir))
+
+
+# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).
+# No algorithm knowledge below: errors, argument checks, device, seeding, checkpoints, RNG state, stop signals,
+# interval tests and the logger. Change it in one file, then copy it to the others.
+SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+PROCESS_START = time.time()  # summary.json's wall_time_s counts from here (imports done)
+
+
+def fail(message: str) -> SystemExit:
+    """`raise fail(...)`: one line on stderr, exit status 1 (bad input stops before training)."""
+    return SystemExit(f"{SCRIPT}: error: {message}")
+
+
+def check_args(args, rows: list[tuple[bool, str]]) -> None:
+    """Stop at the first (condition, message) row whose condition is false; the common flags first."""
+    common = [
+        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
+        (min(args.eval_interval, args.checkpoint_interval) >= 0, "--eval-interval and --checkpoint-interval must be >= 0 (0: only at the end)"),
+        (not args.eval_only or args.checkpoint is not None, "--eval-only needs --checkpoint PATH"),
+        (not (args.eval_only and args.resume), "--eval-only evaluates --checkpoint and cannot --resume; drop one"),
+        (args.device != "cuda" or torch.cuda.is_available(), "--device cuda but CUDA is not available; use --device cpu or auto"),
+        (not args.track or importlib.util.find_spec("wandb") is not None, "--track needs wandb (pip install wandb), or drop --track"),
+    ]
+    for ok, message in common + rows:
+        if not ok:
+            raise fail(message)
+
+
+def pick_device(name: str) -> torch.device:  # "cuda" without CUDA is refused by check_args
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed the global generators; --torch-deterministic asks for deterministic kernels."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read when CUDA starts
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # CPU and every CUDA device
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def rng_state(**generators) -> dict:
+    """Exactly the generators a file draws from (numpy or torch ones), plus CUDA's when CUDA is in use."""
+    state = {name: g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state()
+             for name, g in generators.items()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, **generators) -> None:
+    for name, g in generators.items():  # a numpy Generator's state is a dict, a torch Generator's a tensor
+        g.set_state(state[name]) if isinstance(g, torch.Generator) else setattr(g.bit_generator, "state", state[name])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+def save_checkpoint(path: Path, args, global_step: int, state: dict) -> None:
+    """Plain tensors and containers, written to a temporary file and renamed: a kill leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"algo": ALGO, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
+    os.replace(tmp, path)
 
 
-def set_rng_state(state: dict) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    np_state = state["numpy"]
-    np.random.set_state((np_state[0], np_state[1].numpy().astype(np.uint32), *np_state[2:]))
-    torch.set_rng_state(state["torch"].cpu())
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+    """Loaded on the CPU with weights_only=True (a stranger's checkpoint cannot run code); the algorithm
+    moves what it needs to its device. Refuses another script's or another environment's checkpoint."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
+    except Exception as e:
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint")
+    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
+        raise fail(f"{path} is not a checkpoint written by this library; pass a checkpoints/latest.pt")
+    elif ckpt["algo"] != ALGO:
+        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py, not {SCRIPT}; use {ckpt['algo']}.py")
+    if env_id is not None and ckpt["env_id"] != env_id:
+        raise fail(f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']}")
+    return ckpt
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise fail("--device cuda but CUDA is not available; use --device cpu or auto")
-    return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
+    """--resume's checkpoint; refused below its step or when an argument in `same` (sizes of what it holds) differs."""
+    ckpt = load_checkpoint(args.resume, args.env_id)
+    if args.total_steps < ckpt["global_step"]:
+        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
+    for key in same:
+        if ckpt["args"][key] != getattr(args, key):
+            flag = "--" + key.replace("_", "-")
+            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+    return ckpt
 
 
-def eval_only(args: Args) -> None:
-    if not args.checkpoint:
-        raise fail("--eval-only needs --checkpoint PATH")
-    device = resolve_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, device)
-    c = ckpt["args"]
-    obs_dim, n_actions = check_env(c["env_id"])
-    agent = Agent(obs_dim, n_actions, c["hidden_dim"], c["arch"]).to(device)
-    agent.load_state_dict(ckpt["agent"])
-    run_dir = args.run_dir or checkpoint_run_dir(args.checkpoint)
-    os.makedirs(run_dir, exist_ok=True)
-    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    returns = evaluate(agent, c["env_id"], args.eval_episodes, c["seed"], device, video_dir)
-    result = {"script": SCRIPT, "algo": "ppg", "env_id": c["env_id"], "checkpoint": os.path.abspath(args.checkpoint),
-              "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)),
-              "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
-    write_json(os.path.join(run_dir, "eval.json"), result)
-    print(f"eval {c['env_id']} step {ckpt['global_step']:,}: {result['eval_mean']:.1f} +- {result['eval_std']:.1f} "
-          f"over {len(returns)} episodes -> {os.path.join(run_dir, 'eval.json')}")
+def run_dir_for(args, checkpoint: str | None) -> Path:
+    """--run-dir if given; for a resume or --eval-only, the folder that holds the checkpoint's
+    checkpoints/ folder where it lies now; else runs/<env>__<exp>__<seed>__<unix time>."""
+    if args.run_dir:
+        return Path(args.run_dir)
+    if checkpoint:
+        folder = Path(checkpoint).resolve().parent
+        return folder.parent if folder.name == "checkpoints" else folder
+    return Path(f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
 
 
-def check_args(args: Args) -> None:
-    batch = args.num_envs * args.num_steps
-    for name in ("num_envs", "num_steps", "num_minibatches", "aux_num_minibatches", "n_pi", "e_pi", "eval_episodes", "hidden_dim"):
-        if getattr(args, name) < 1:
-            raise fail(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("e_v", "e_aux", "total_steps", "eval_interval", "checkpoint_interval"):
-        if getattr(args, name) < 0:
-            raise fail(f"--{name.replace('_', '-')} must not be negative")
-    if batch % args.num_minibatches:
-        raise fail(f"--num-minibatches {args.num_minibatches} does not divide num-envs x num-steps = {batch}; pick a divisor")
-    if args.e_aux and (args.n_pi * batch) % args.aux_num_minibatches:
-        raise fail(f"--aux-num-minibatches {args.aux_num_minibatches} does not divide n-pi x num-envs x num-steps = "
-                   f"{args.n_pi * batch}; pick a divisor")
-    if not args.resume and not args.eval_only and args.total_steps < batch:
-        raise fail(f"--total-steps {args.total_steps} is below one rollout (num-envs x num-steps = {batch}); raise it")
+def write_eval_only(run_dir: Path, args, ckpt: dict, returns: list[float], **extra) -> None:
+    """eval.json of --eval-only, beside the run's own outputs."""
+    result = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"],
+              "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"], **eval_stats(returns), **extra}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "eval.json", result)
+    print(f"eval at step {ckpt['global_step']:,}: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
 
 
-# --------------------------------------------------------------------- train
-def train(args: Args) -> None:
-    process_start = time.time()
-    check_args(args)
-    if args.eval_only:
-        return eval_only(args)
-    device = resolve_device(args.device)
-    obs_dim, n_actions = check_env(args.env_id)
-    ckpt = load_checkpoint(args.resume, device) if args.resume else None
-    if ckpt is not None:
-        for name in SHAPE_ARGS + ("e_aux",):
-            old, new = ckpt["args"][name], getattr(args, name)
-            if (old != new) if name != "e_aux" else (bool(old) != bool(new)):
-                raise fail(f"checkpoint has --{name.replace('_', '-')} {old} but this run {new}; pass the checkpoint's value")
-        if args.total_steps < ckpt["global_step"]:
-            raise fail(f"--total-steps {args.total_steps:,} is below the checkpoint's step {ckpt['global_step']:,}; "
-                       f"pass at least {ckpt['global_step']}")
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise fail("--track needs the wandb package; pip install wandb or drop --track") from None
+def eval_stats(returns: list[float]) -> dict:  # the evaluation fields of summary.json and eval.json
+    return {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
+            "eval_episodes": len(returns), "eval_returns": [float(r) for r in returns]}
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(args.torch_deterministic)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    if ckpt is not None:
-        run_dir = args.run_dir or checkpoint_run_dir(args.resume)
-    else:
-        run_dir = args.run_dir or f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-    ckpt_path = os.path.join(run_dir, "checkpoints", "latest.pt")
-    write_json(os.path.join(run_dir, "config.json"), asdict(args))
+class StopSignal:
+    """The first SIGINT or SIGTERM makes this true: the loop checkpoints and leaves at its next safe
+    point. Both signals then go back to their defaults, so a second one kills at once."""
 
-    envs = make_envs(args.env_id, args.num_envs)
-    agent = Agent(obs_dim, n_actions, args.hidden_dim, args.arch).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=args.aux_learning_rate, eps=1e-5)
+    def __init__(self):
+        self.signum = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
 
-    T, N = args.num_steps, args.num_envs
-    batch_size = T * N
-    obs = torch.zeros((T, N, obs_dim), device=device)
-    actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, rewards, values = (torch.zeros((T, N), device=device) for _ in range(3))
-    terminated, dones, valid = (torch.zeros((T, N), device=device) for _ in range(3))
-    # Samples kept for the auxiliary phase: states, V_targ and the valid mask of N_pi rollouts.
-    n_store = args.n_pi if args.e_aux else 0
-    aux_obs = torch.zeros((n_store, batch_size, obs_dim), device=device)
-    aux_vtarg, aux_valid = torch.zeros((n_store, batch_size), device=device), torch.zeros((n_store, batch_size), device=device)
-
-    global_step, iteration, phase_iteration, aux_phases = 0, 0, 0, 0
-    reward_moments, reward_ret = [0, 0.0, 1.0], torch.zeros(N, device=device)
-    train_time, aux_time = 0.0, 0.0
-    recent_returns: deque = deque(maxlen=10)
-    episode_return, episode_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    next_obs_np, _ = envs.reset(seed=args.seed)
-    next_autoreset = np.zeros(N, dtype=bool)  # NEXT_STEP: the coming step only resets these envs
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
-        global_step, iteration = ckpt["global_step"], ckpt["iteration"]
-        phase_iteration, aux_phases = ckpt["phase_iteration"], ckpt["aux_phases"]
-        train_time, aux_time = ckpt["train_time_s"], ckpt["aux_time_s"]
-        recent_returns.extend(ckpt["recent_returns"])
-        if phase_iteration:
-            aux_obs[:phase_iteration] = ckpt["aux_obs"]
-            aux_vtarg[:phase_iteration] = ckpt["aux_vtarg"]
-            aux_valid[:phase_iteration] = ckpt["aux_valid"]
-        if ckpt["env_state"] and env_state(envs):  # same episodes continue (detail 8)
-            set_env_state(envs, ckpt["env_state"])
-            next_obs_np = ckpt["next_obs"].numpy()
-            next_autoreset = ckpt["next_autoreset"].numpy().copy()
-            episode_return = ckpt["episode_return"].numpy().copy()
-            episode_length = ckpt["episode_length"].numpy().copy()
-        else:
-            next_obs_np, _ = envs.reset(seed=args.seed + iteration)
-        reward_moments, reward_ret = ckpt["reward_moments"], ckpt["reward_ret"].to(device)
-        set_rng_state(ckpt["rng"])
-    next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-
-    if args.track:  # before the SummaryWriter: sync_tensorboard only sees writers opened later
-        wandb.init(project=args.wandb_project_name, config=asdict(args), sync_tensorboard=True, dir=run_dir,
-                   name=os.path.basename(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
-    # Points at global_step were logged before that checkpoint was saved: purge only later ones.
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt is not None else None)
-    if ckpt is None:
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    def close(exit_code: int = 0) -> None:  # every exit path after wandb.init
-        writer.close()
-        envs.close()
-        if args.track:
-            wandb.finish(exit_code=exit_code)
-
-    def checkpoint_state() -> dict:
-        return {"algo": "ppg", "env_id": args.env_id, "args": asdict(args), "run_dir": os.path.abspath(run_dir),
-                "global_step": global_step, "iteration": iteration, "phase_iteration": phase_iteration,
-                "aux_phases": aux_phases, "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                "aux_optimizer": aux_optimizer.state_dict(), "aux_obs": aux_obs[:phase_iteration].cpu(),
-                "aux_vtarg": aux_vtarg[:phase_iteration].cpu(), "aux_valid": aux_valid[:phase_iteration].cpu(),
-                "env_state": env_state(envs), "next_obs": next_obs.cpu(),
-                "next_autoreset": torch.from_numpy(next_autoreset.copy()),
-                "episode_return": torch.from_numpy(episode_return.copy()),
-                "episode_length": torch.from_numpy(episode_length.copy()),
-                "recent_returns": list(recent_returns), "train_time_s": train_time, "aux_time_s": aux_time,
-                "reward_moments": reward_moments, "reward_ret": reward_ret.cpu(), "rng": rng_state()}
-
-    stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop.update(signal=signum)
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal kills at once
+    def _on_signal(self, signum, _frame) -> None:
+        self.signum = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+    def __bool__(self) -> bool:
+        return self.signum is not None
 
-    num_iterations = args.total_steps // batch_size
-    start_time, start_step, last_print = time.time(), global_step, 0.0
-    while iteration < num_iterations and not stop["signal"]:
-        iteration += 1
-        t_iter = time.time()
-        frac = 1.0 - (iteration - 1) / num_iterations if args.anneal_lr else 1.0
-        optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-        aux_optimizer.param_groups[0]["lr"] = frac * args.aux_learning_rate
 
-        for step in range(T):
-            obs[step] = next_obs
-            valid[step] = torch.as_tensor(~next_autoreset, dtype=torch.float32, device=device)
-            with torch.inference_mode():
-                logits, value, _ = agent(next_obs)
-                dist = Categorical(logits=logits)
-                action = dist.sample()
-                logprobs[step], values[step], actions[step] = dist.log_prob(action), value, action
-            next_obs_np, reward, term, trunc, _ = envs.step(action.cpu().numpy())
-            done = term | trunc
-            rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            terminated[step] = torch.as_tensor(term, dtype=torch.float32, device=device)
-            dones[step] = torch.as_tensor(done, dtype=torch.float32, device=device)
-            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-            real = ~next_autoreset
-            episode_return += np.where(real, reward, 0.0)
-            episode_length += real
-            for i in np.flatnonzero(done & real):
-                recent_returns.append(float(episode_return[i]))
-                writer.add_scalar("charts/episodic_return", episode_return[i], global_step + (step + 1) * N)
-                writer.add_scalar("charts/episodic_length", episode_length[i], global_step + (step + 1) * N)
-            episode_return[done], episode_length[done] = 0.0, 0
-            next_autoreset = done
-        global_step += batch_size
+def every(step: int, previous_step: int, interval: int) -> bool:
+    """True when a multiple of `interval` lies in (previous_step, step]; never when interval is 0."""
+    return interval > 0 and step // interval != previous_step // interval
 
-        with torch.no_grad():
-            next_value = agent(next_obs)[1]
-            r = rewards
-            if args.norm_reward:  # reference RewardNormalizer: r / std(discounted return), clipped to 10
-                ret, reward_ret = discounted_returns(rewards, dones, reward_ret, args.gamma)
-                reward_moments = update_moments(reward_moments, ret[valid.bool()])
-                r = (rewards / np.sqrt(reward_moments[2] + 1e-8)).clamp(-10.0, 10.0)
-            advantages = gae(r, values, next_value, terminated, dones, args.gamma, args.gae_lambda)
-            returns = advantages + values  # V_targ
-            w = valid.flatten()
-            adv = advantages.flatten()
-            mean = masked_mean(adv, w)
-            std = masked_mean((adv - mean) ** 2, w).sqrt()
-            batch = {"obs": obs.reshape(batch_size, obs_dim), "actions": actions.flatten(),
-                     "logprobs": logprobs.flatten(), "advantages": (adv - mean) / (std + 1e-8),
-                     "returns": returns.flatten(), "valid": w}
-        stats = policy_phase(agent, optimizer, batch, args)
-        if args.e_aux:
-            aux_obs[phase_iteration] = batch["obs"]
-            aux_vtarg[phase_iteration], aux_valid[phase_iteration] = batch["returns"], w
-            phase_iteration += 1
-        aux_stats = None
-        if args.e_aux and phase_iteration == args.n_pi:
-            t_aux = time.time()
-            aux_stats = auxiliary_phase(agent, aux_optimizer, aux_obs.reshape(-1, obs_dim), aux_vtarg.flatten(),
-                                        aux_valid.flatten(), args)
-            phase_iteration, aux_phases = 0, aux_phases + 1
-            aux_time += time.time() - t_aux
-        train_time += time.time() - t_iter
 
-        all_stats = list(stats.values()) + (list(aux_stats.values()) if aux_stats else [])
-        if not all(np.isfinite(all_stats)):
-            close(exit_code=1)
-            raise fail(f"non-finite loss at step {global_step}; the last good checkpoint is kept; lower --learning-rate")
-        with torch.no_grad():
-            var_y = masked_mean((batch["returns"] - masked_mean(batch["returns"], w)) ** 2, w)
-            resid = batch["returns"] - values.flatten()
-            explained_var = 1 - masked_mean((resid - masked_mean(resid, w)) ** 2, w) / var_y if var_y > 0 else torch.tensor(float("nan"))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/aux_learning_rate", aux_optimizer.param_groups[0]["lr"], global_step)
-        for k, v in stats.items():
-            writer.add_scalar(f"losses/{k}", v, global_step)
-        writer.add_scalar("losses/explained_variance", float(explained_var), global_step)
-        if aux_stats:
-            for k, v in aux_stats.items():
-                writer.add_scalar(f"losses/aux/{k}", v, global_step)
-        writer.add_scalar("charts/aux_phase_time_fraction", aux_time / max(train_time, 1e-9), global_step)
-        sps = int((global_step - start_step) / max(time.time() - start_time, 1e-9))
-        writer.add_scalar("charts/SPS", sps, global_step)
+class RunLogger:
+    """TensorBoard events (and W&B with --track), config.json, the progress line and summary.json of
+    one run. `with RunLogger(...) as log:` finishes the W&B run with the right exit code on every way out.
+    SPS counts this process's env steps over its training loop: the last sps() call marks the loop's end."""
 
-        if stop["signal"]:  # skip any evaluation still to come; saved right after the loop
-            break
-        if args.eval_interval and iteration < num_iterations and global_step // args.eval_interval > (global_step - batch_size) // args.eval_interval:
-            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device)
-            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-        if args.checkpoint_interval and iteration < num_iterations and global_step // args.checkpoint_interval > (global_step - batch_size) // args.checkpoint_interval:
-            save_checkpoint(ckpt_path, checkpoint_state())
-        if time.time() - last_print > 5 or iteration == num_iterations:
-            last_print = time.time()
-            ret = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            eta = (args.total_steps - global_step) / max(sps, 1)
-            print(f"step {global_step:,}/{args.total_steps:,} | {sps:,} SPS | return {ret} | "
-                  f"aux {aux_time / max(train_time, 1e-9):.0%} | eta {eta / 60:.1f}m", flush=True)
+    def __init__(self, args, run_dir: Path, start_step: int, resumed: bool, **config):
+        self.args, self.run_dir, self.start_step = args, run_dir, start_step
+        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", {**asdict(args), "run_dir": str(run_dir), **config})
+        self.wandb = importlib.import_module("wandb") if args.track else None  # optional: imported only when asked
+        if self.wandb is not None:
+            self.wandb.init(project=args.wandb_project_name, config={**asdict(args), **config}, sync_tensorboard=True,
+                            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
+        # purge_step: points after the checkpoint's step came from after the save; hide them on resume.
+        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        if not resumed:
+            table = "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **config}.items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        self.recent: deque = deque(maxlen=20)
+        self.loop_start = self.loop_end = self.last_print = time.time()
 
-    sps = (global_step - start_step) / max(time.time() - start_time, 1e-9)  # the training loop only
-    save_checkpoint(ckpt_path, checkpoint_state())
-    if stop["signal"]:
-        print(f"signal {stop['signal']}: checkpoint saved at step {global_step:,} -> {ckpt_path}", flush=True)
-        return close()
-    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device, video_dir)
-    writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-    wall = time.time() - process_start  # the whole process: startup, training, final checkpoint and eval
-    write_json(os.path.join(run_dir, "summary.json"), {
-        "script": SCRIPT, "algo": "ppg", "env_id": args.env_id, "seed": args.seed, "arch": args.arch,
-        "global_step": global_step, "eval_mean": float(np.mean(eval_returns)), "eval_std": float(np.std(eval_returns)),
-        "eval_episodes": len(eval_returns), "eval_returns": eval_returns, "wall_time_s": wall,
-        "sps": sps, "aux_phases": aux_phases,
-        "aux_phase_time_fraction": aux_time / max(train_time, 1e-9),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
-    print(f"done: step {global_step:,} | eval {np.mean(eval_returns):.1f} +- {np.std(eval_returns):.1f} | {run_dir}")
-    close()
+    def __enter__(self) -> "RunLogger":
+        return self
 
+    def __exit__(self, kind, error, _traceback) -> None:
+        self.writer.close()
+        if self.wandb is not None:
+            failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
+            self.wandb.finish(exit_code=1 if failed else 0)
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        self.scalars(step, {"charts/episodic_return": episodic_return, "charts/episodic_length": length})
+        self.recent.append(float(episodic_return))
+
+    def sps(self, step: int) -> float:
+        self.loop_end = time.time()
+        return (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9)
+
+    def progress(self, step: int, total_steps: int) -> None:
+        if time.time() - self.last_print < 5:
+            return
+        self.last_print = time.time()
+        sps = self.sps(step)
+        ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+        eta = (total_steps - step) / max(sps, 1e-9)
+        print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
+
+    def check_finite(self, value: torch.Tensor, step: int) -> None:
+        if not torch.isfinite(value).all():
+            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try a lower --learning-rate")
+
+    def interrupted(self, step: int) -> None:
+        print(f"interrupted: checkpoint saved at step {step:,} to {self.checkpoint}; continue with --resume {self.checkpoint}", flush=True)
+
+    def summary(self, step: int, returns: list[float], **extra) -> None:
+        """summary.json, written only by a finished run (its presence means "finished")."""
+        write_json(self.run_dir / "summary.json", {
+            "script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed, "global_step": step,
+            **eval_stats(returns), "wall_time_s": time.time() - PROCESS_START,
+            "sps": (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra})
+        print(f"done: {step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {self.run_dir}", flush=True)
 
 if __name__ == "__main__":
     train(tyro.cli(Args))
