@@ -318,26 +318,30 @@ def test_bad_input_cli_is_one_line(tmp_path):
 def test_bad_checkpoints(tiny_run, tmp_path):
     good = str(tiny_run / "checkpoints" / "latest.pt")
     other = tmp_path / "other.pt"
-    torch.save({"algo": "d4pg", "env_id": "Pendulum-v1", "args": {}}, other)
+    torch.save({"algo": "d4pg", "env_id": "Pendulum-v1", "args": {}, "global_step": 1}, other)
+    stranger = tmp_path / "stranger.pt"
+    torch.save({"weights": torch.zeros(2)}, stranger)
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    for path, fragment in ((other, "'d4pg', not naf"), (corrupt, "corrupt"), (tmp_path / "missing.pt", "does not exist")):
+    for path, fragment in ((other, "written by d4pg.py, not naf.py; use d4pg.py"), (corrupt, "corrupt"),
+                           (stranger, "not a checkpoint written by this library"), (tmp_path / "missing.pt", "does not exist")):
         with pytest.raises(SystemExit, match=fragment):
-            naf.load_checkpoint(str(path), torch.device("cpu"))
-    ckpt = naf.load_checkpoint(good, torch.device("cpu"))
+            naf.load_checkpoint(str(path))
+    assert naf.load_checkpoint(good)["net"]["v_head.bias"].device.type == "cpu"  # always loaded on the CPU
     cases = [({"env_id": "InvertedPendulum-v5"}, "is for Pendulum-v1"), ({"num_envs": 2, "hidden_dim": 64}, "--hidden-dim 32"),
-             ({"hidden_dim": 32}, "--num-envs 2"), ({"hidden_dim": 32, "num_envs": 2, "buffer_size": 500}, "--buffer-size 1000000")]
-    for flags, fragment in cases:
+             ({"hidden_dim": 32}, "--num-envs 2"), ({"hidden_dim": 32, "num_envs": 2, "buffer_size": 500}, "--buffer-size 1000000"),
+             ({"hidden_dim": 32, "num_envs": 2, "total_steps": 599}, "--total-steps 599 is below the checkpoint's step 600")]
+    for flags, fragment in cases:  # refused before anything is written
         with pytest.raises(SystemExit, match=fragment):
-            naf.check_resumable(ckpt, naf.Args(resume=good, **flags))
-    naf.check_resumable(ckpt, naf.Args(resume=good, hidden_dim=32, num_envs=2))  # the matching args pass
+            naf.train(naf.Args(resume=good, run_dir=str(tmp_path / "r"), **flags))
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow
 def test_bad_checkpoint_cli(tiny_run, tmp_path):
     other = tmp_path / "other.pt"
-    torch.save({"algo": "d4pg", "env_id": "Pendulum-v1", "args": {}}, other)
-    check_error(run_script("naf.py", "--resume", str(other), "--run-dir", str(tmp_path / "r")), "naf.py: error", "not naf")
+    torch.save({"algo": "d4pg", "env_id": "Pendulum-v1", "args": {}, "global_step": 1}, other)
+    check_error(run_script("naf.py", "--resume", str(other), "--run-dir", str(tmp_path / "r")), "naf.py: error", "not naf.py")
     good = str(tiny_run / "checkpoints" / "latest.pt")
     check_error(run_script("naf.py", "--resume", good, "--run-dir", str(tmp_path / "r")), "naf.py: error", "--hidden-dim 32")
     assert not (tmp_path / "r").exists()
@@ -347,9 +351,11 @@ def test_bad_checkpoint_cli(tiny_run, tmp_path):
 IN_PROCESS = dict(learning_starts=100, batch_size=32, hidden_dim=32, eval_episodes=1, checkpoint_interval=0)
 
 
-def test_checkpoint_run_dir(tmp_path):
-    assert naf.checkpoint_run_dir(str(tmp_path / "run" / "checkpoints" / "latest.pt")) == (tmp_path / "run").resolve()
-    assert naf.checkpoint_run_dir(str(tmp_path / "copy.pt")) == tmp_path.resolve()
+def test_run_dir_rule(tmp_path):
+    assert naf.run_dir_for(naf.Args(), str(tmp_path / "run" / "checkpoints" / "latest.pt")) == (tmp_path / "run").resolve()
+    assert naf.run_dir_for(naf.Args(), str(tmp_path / "copy.pt")) == tmp_path.resolve()
+    assert naf.run_dir_for(naf.Args(run_dir="elsewhere"), str(tmp_path / "copy.pt")) == Path("elsewhere")
+    assert naf.run_dir_for(naf.Args(seed=7), None).name.startswith("Pendulum-v1__naf__7__")
 
 
 @pytest.mark.slow
@@ -364,11 +370,6 @@ def test_in_process_run_video_sps_wandb_and_eval_only(tmp_path, fake_wandb, rest
     assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish at the end
 
     check_eval_only_after_move(run, lambda ckpt: naf.train(naf.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=3)
-
-    ckpt = naf.load_checkpoint(str(run / "checkpoints" / "latest.pt"), torch.device("cpu"))
-    with pytest.raises(SystemExit, match="at step 300, beyond --total-steps 299; pass --total-steps 300"):
-        naf.check_resumable(ckpt, naf.Args(resume="x.pt", total_steps=299, hidden_dim=32))
-    naf.check_resumable(ckpt, naf.Args(resume="x.pt", total_steps=300, hidden_dim=32))
 
 
 def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, restore_signals, monkeypatch):
@@ -387,9 +388,9 @@ def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, res
     assert fake_wandb.calls[-1] == ("finish", 0)
 
 
-def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, restore_signals, monkeypatch):
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, fake_wandb, restore_signals, monkeypatch):
     """A NaN loss at the first update (step 150) stops training in one line; the checkpoint of
-    step 100 stays as it was and no summary.json is written."""
+    step 100 stays as it was, no summary.json is written, and W&B hears of the failure."""
     real_loss = naf.naf_loss
 
     def nan_loss(*args):
@@ -398,21 +399,74 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, restore_signal
 
     monkeypatch.setattr(naf, "naf_loss", nan_loss)
     run = tmp_path / "run"
-    with pytest.raises(SystemExit, match="non-finite loss at step 150; the last good checkpoint is kept") as e:
-        naf.train(naf.Args(total_steps=300, run_dir=str(run), **{**IN_PROCESS, "learning_starts": 150, "checkpoint_interval": 100}))
+    with pytest.raises(SystemExit, match=r"non-finite loss at step 150 \(the last good checkpoint, if any, is kept") as e:
+        naf.train(naf.Args(total_steps=300, run_dir=str(run), track=True,
+                           **{**IN_PROCESS, "learning_starts": 150, "checkpoint_interval": 100}))
     assert str(e.value).startswith("naf.py: error:") and "\n" not in str(e.value)
+    assert fake_wandb.calls[-1] == ("finish", 1)
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 100
     assert not (run / "summary.json").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error needs a machine without CUDA")
 def test_device_cuda_without_cuda_refused():
-    with pytest.raises(SystemExit, match="--device cuda but no CUDA device"):
-        naf.pick_device("cuda")
+    with pytest.raises(SystemExit, match="--device cuda but CUDA is not available"):
+        naf.train(naf.Args(device="cuda"))
 
 
 def test_track_without_wandb_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
-    with pytest.raises(SystemExit, match="--track needs the wandb package"):
+    with pytest.raises(SystemExit, match="--track needs wandb"):
         naf.train(naf.Args(track=True, run_dir=str(tmp_path / "run")))
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- resume equivalence, OU restart
+class ConstantObsBandit(gym.Env):
+    """Observation always zero, reward -|u - 0.3|^2, episodes of 1000 steps: the env holds no state
+    that a resume could lose, so a resumed run must repeat the uninterrupted one exactly."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), -float(np.sum((np.asarray(action) - 0.3) ** 2)), False, False, {}
+
+
+gym.register("ConstantObsBandit-v0", entry_point=ConstantObsBandit, max_episode_steps=1000)
+
+
+@pytest.mark.parametrize("noise", ["ou", "gaussian"])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise):
+    """Train 200 steps, resume to 400; train 400 straight: the same weights, target network,
+    optimizer moments, buffer and TD losses after the resume (network, optimizer, buffer, OU state
+    and both generators restored)."""
+    common = dict(env_id="ConstantObsBandit-v0", learning_starts=50, batch_size=16, hidden_dim=16, eval_episodes=1,
+                  eval_interval=0, checkpoint_interval=0, noise=noise)
+    naf.train(naf.Args(total_steps=200, run_dir=str(tmp_path / "split"), **common))
+    naf.train(naf.Args(total_steps=400, resume=str(tmp_path / "split" / "checkpoints" / "latest.pt"), **common))
+    naf.train(naf.Args(total_steps=400, run_dir=str(tmp_path / "straight"), **common))
+    split, straight = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True) for n in ("split", "straight"))
+    for part in ("net", "target_net"):
+        for key in straight[part]:
+            torch.testing.assert_close(split[part][key], straight[part][key], rtol=0, atol=0)
+    torch.testing.assert_close(split["optimizer"]["state"], straight["optimizer"]["state"], rtol=0, atol=0)
+    torch.testing.assert_close(split["replay_buffer"]["actions"], straight["replay_buffer"]["actions"], rtol=0, atol=0)
+    losses = [scalars(tmp_path / n, "losses/td_loss") for n in ("split", "straight")]
+    assert [p for p in losses[0] if p[0] > 200] == [p for p in losses[1] if p[0] > 200] != []
+
+
+def test_ou_noise_restarts_with_each_episode(monkeypatch, tmp_path, restore_signals):
+    """The OU state is zero when a new episode's first action is drawn: the reset step in between
+    (whose action the env ignores) must not advance it (it used to add a second increment)."""
+    states_in, real_noise = [], naf.exploration_noise
+    monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, *a: states_in.append(state.copy()) or real_noise(kind, state, *a))
+    naf.train(naf.Args(total_steps=205, learning_starts=0, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0,
+                       checkpoint_interval=0, noise_scale=0.3, run_dir=str(tmp_path / "run")))
+    # Pendulum ends its episode at step 200; step 201 is the reset step; step 202 is the new episode's first.
+    assert np.all(states_in[0] == 0) and np.all(states_in[201] == 0)
+    assert np.all(states_in[200] != 0)  # within an episode the state carries over
