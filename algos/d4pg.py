@@ -2,7 +2,8 @@
 
 Paper: Gabriel Barth-Maron, Matthew W. Hoffman, David Budden, Will Dabney, Dan Horgan, Dhruva TB,
 Alistair Muldal, Nicolas Heess, Timothy Lillicrap, "Distributed Distributional Deterministic
-Policy Gradients", ICLR 2018, arXiv:1804.08617. Reference code: DeepMind Acme (agents/tf/d4pg).
+Policy Gradients", ICLR 2018, arXiv:1804.08617. Reference code: DeepMind Acme (agents/tf/d4pg and
+agents/jax/d4pg; "Acme" below means both, where they agree).
 
 Idea. DDPG trains a deterministic actor pi_theta(s) by following the gradient of a learned
 critic Q_w(s, a). D4PG keeps that and changes the critic: it learns the whole distribution of
@@ -36,23 +37,32 @@ Implementation details:
     last observation is info["final_obs"]. The default NEXT_STEP mode would insert a reset step
     (action ignored, reward 0) after each episode; here it never exists, so it is never stored.
  6. The paper's parallel actors are `--num-envs` synchronous environments acting with the latest
-    actor. Exploration: a + N(0, sigma^2) on the [-1, 1] scale, clipped (paper, Acme sigma 0.3).
+    actor. Exploration: a + N(0, sigma^2) on the actor's [-1, 1] scale, clipped there; in the
+    env's units that is a standard deviation of sigma (high - low) / 2 (see deviation f).
  7. Replay: uniform (Acme's default) or `--prioritized` (the paper's): a sum tree over p_i^alpha,
     stratified sampling, new transitions at the largest priority so far, priority = per-sample
     KL(Phi Y || p) (Rainbow's choice for a distributional critic; the cross-entropy would keep
     the entropy of Phi Y as a floor), weights normalised by the batch maximum, beta annealed
-    linearly from `--per-beta` to 1 over `--total-steps`. Only the critic loss is weighted.
+    linearly from `--per-beta` to 1 over the run's first `--total-steps` (kept in the checkpoint:
+    a resume with a larger budget keeps beta on its course). Only the critic loss is weighted.
  8. `--updates-per-step` counts gradient updates per environment step summed over envs, so the
     replay ratio does not change with `--num-envs`. Each update: a critic step, then an actor
-    step on the same batch, then the Polyak update of both target networks.
- 9. Checkpoints hold the replay buffer, its priorities and the pending n-step windows. Env states
-    cannot be restored, so on resume the pending windows are flushed as truncated at the saved
-    last observation (the episode was cut, as by a time limit) and the envs restart with seed
-    `seed + global_step`. SIGINT/SIGTERM skip any evaluation still due, save a checkpoint and
-    exit 0 without summary.json; a second Ctrl-C kills at once. Resume and --eval-only write into
-    --run-dir, else the folder above the checkpoint's checkpoints/ folder.
-10. The support must cover the task's discounted returns: a one-line warning (once) when the
-    discounted return of an observed episode leaves [v_min, v_max].
+    step on the same batch's s_t through the critic just updated, then the Polyak update of both
+    targets (the order of DDPG's Algorithm 1, TD3 and CleanRL). Acme differs (learning.py of
+    both agents): it takes both gradients at the parameters before the update, so its actor
+    follows the critic of the previous step, and it evaluates the actor loss at the batch's
+    s_{t+n} (next observations), not s_t. With small learning rates the two orders differ little.
+ 9. Checkpoints hold the networks, optimizers, replay buffer, priorities, pending n-step windows,
+    counters and the state of the two generators the file draws from: torch's (initialisation)
+    and numpy's `rng` (noise, random actions, replay and PER sampling); everything is loaded on
+    the CPU and copied onto the device by load_state_dict. Env states cannot be restored, so on
+    resume the pending windows are flushed as truncated at the saved last observation (the
+    episode was cut, as by a time limit) and the envs restart with seed `seed + global_step`.
+    SIGINT/SIGTERM skip any evaluation still due, save a checkpoint and exit 0 without
+    summary.json; a second one kills at once. Resume and --eval-only write into --run-dir, else
+    the folder above the checkpoint's checkpoints/ folder.
+10. The support must cover the task's discounted returns: a one-line warning (once per process)
+    when the discounted return of an observed episode leaves [v_min, v_max].
 11. Evaluation: the deterministic actor without noise, on a separate env, episode i seeded
     `seed + 10_000 + i`.
 Deviations from the paper / Acme, all for a 20k-step Pendulum budget (the zoo preset):
@@ -60,11 +70,19 @@ Deviations from the paper / Acme, all for a 20k-step Pendulum budget (the zoo pr
     millions of steps). With an actor at 1e-3 too, one Pendulum seed of two kept a start state
     it could not swing up from (final eval -210); at 3e-4 the actor moves after a settled critic.
  b. Soft target updates with tau = 0.005 (Acme copies every 100 updates); same effect, smoother.
- c. Two hidden layers of 256 for both nets (Acme: 256x3 actor, 512-512-256 critic), and no
-    gradient clipping (Acme clips at 40): Pendulum needs no more, and updates are cheaper.
- d. Uniform random actions for the first `--learning-starts` steps (SB3/CleanRL practice; Acme
+ c. Two hidden layers of 256 for both nets (Acme: 256x3 actor, 512-512-256 critic).
+ d. No clipping by default; Pendulum needs none. Acme (clipping=True) clips each network's
+    gradient to global norm 40 and each sample's dQ/da to L2 norm 1 before the actor step (TF:
+    losses.dpg with clip_norm; JAX: rlax.dpg_loss); for a 1-D action such as Pendulum's that is
+    the elementwise clip to [-1, 1]. Acme's dQ/da is taken w.r.t. env-scale actions, ours w.r.t.
+    [-1, 1]: with bounds [-b, b] Acme's clip 1 is `--dqda-clip b` here (Pendulum: 2; most
+    MuJoCo tasks: 1). `--max-grad-norm 40 --dqda-clip b` align with Acme; 0 turns either off.
+ e. Uniform random actions for the first `--learning-starts` steps (SB3/CleanRL practice; Acme
     acts with the untrained policy plus noise), which spreads the first data.
- e. Support [-1600, 0]: Pendulum rewards lie in [-16.3, 0], and time limits bootstrap, so
+ f. Noise scale: `--sigma` is on the [-1, 1] scale, Acme's sigma 0.3 on the env's (its actor ends
+    in TanhToSpec). On Pendulum (actions in [-2, 2]) our 0.3 is 0.6 torque units, twice Acme's;
+    Acme's noise is `--sigma 0.15` there, and equals ours on tasks with bounds [-1, 1].
+ g. Support [-1600, 0]: Pendulum rewards lie in [-16.3, 0], and time limits bootstrap, so
     values lie in [-16.3 / (1 - gamma), 0] = [-1630, 0]; a trained agent sees about [-400, 0].
     Other tasks need their own: HalfCheetah (about +12 per step at best): --v-min -500 --v-max 1500.
 
@@ -73,8 +91,13 @@ Usage: python algos/d4pg.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 
 from __future__ import annotations
 
-import json
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads sleep instead of spinning
+
+import copy
+import importlib.util
+import json
 import random
 import resource
 import signal
@@ -82,17 +105,15 @@ import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Literal, Optional
+from pathlib import Path
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-
-SCRIPT = os.path.basename(__file__)
 
 
 @dataclass
@@ -111,11 +132,11 @@ class Args:
     """auto picks cuda when available"""
     exp_name: str = "d4pg"
     """experiment name, part of the default run dir"""
-    run_dir: Optional[str] = None
+    run_dir: str | None = None
     """output folder (default runs/<env>__<exp>__<seed>__<unixtime>)"""
     checkpoint_interval: int = 50_000
     """environment steps between checkpoints (0: only at the end)"""
-    resume: Optional[str] = None
+    resume: str | None = None
     """checkpoint to continue from (its run dir is reused)"""
     eval_episodes: int = 10
     """episodes per deterministic evaluation"""
@@ -123,7 +144,7 @@ class Args:
     """environment steps between evaluations (0: only at the end)"""
     eval_only: bool = False
     """only evaluate --checkpoint (its env, network and seed), write eval.json and exit"""
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     """checkpoint evaluated by --eval-only"""
     capture_video: bool = False
     """record mp4s of the final (or --eval-only) evaluation into <run_dir>/videos"""
@@ -131,7 +152,6 @@ class Args:
     """log to Weights & Biases (WANDB_MODE=offline works)"""
     wandb_project_name: str = "rl-training"
     """W&B project"""
-
     # D4PG
     buffer_size: int = 1_000_000
     """replay capacity in n-step transitions"""
@@ -152,7 +172,7 @@ class Args:
     v_max: float = 0.0
     """highest atom; cover the task's highest discounted return"""
     sigma: float = 0.3
-    """std of the Gaussian exploration noise on the [-1, 1] action scale"""
+    """std of the Gaussian exploration noise on the [-1, 1] action scale (Acme's 0.3 is on the env's scale)"""
     tau: float = 0.005
     """Polyak coefficient of the target networks"""
     learning_starts: int = 1_000
@@ -167,89 +187,45 @@ class Args:
     """priority exponent alpha"""
     per_beta: float = 0.4
     """initial importance-sampling exponent beta, annealed to 1"""
-
-
-def fail(message: str) -> SystemExit:
-    """The one-line error of a bad input: `raise fail(...)`."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
-
-
-def validate(args: Args) -> None:
-    checks = [
-        (args.total_steps >= 1, "--total-steps must be at least 1"),
-        (args.num_envs >= 1, "--num-envs must be at least 1"),
-        (args.batch_size >= 1, "--batch-size must be at least 1"),
-        (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
-        (args.n_step >= 1, "--n-step must be at least 1"),
-        (args.num_atoms >= 2, "--num-atoms must be at least 2"),
-        (args.v_min < args.v_max, "--v-min must be below --v-max"),
-        (0 < args.gamma <= 1, "--gamma must lie in (0, 1]"),
-        (0 < args.tau <= 1, "--tau must lie in (0, 1]"),
-        (args.sigma >= 0, "--sigma must be non-negative"),
-        (args.actor_lr > 0 and args.critic_lr > 0, "--actor-lr and --critic-lr must be positive"),
-        (args.learning_starts >= 0, "--learning-starts must be non-negative"),
-        (args.updates_per_step > 0, "--updates-per-step must be positive"),
-        (args.hidden_size >= 1, "--hidden-size must be at least 1"),
-        (args.per_alpha >= 0, "--per-alpha must be non-negative"),
-        (0 <= args.per_beta <= 1, "--per-beta must lie in [0, 1]"),
-        (args.eval_episodes >= 1, "--eval-episodes must be at least 1"),
-        (args.eval_interval >= 0 and args.checkpoint_interval >= 0,
-         "--eval-interval and --checkpoint-interval must be non-negative (0: only at the end)"),
-        (args.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, not {args.device!r}"),
-        (not (args.device == "cuda" and not torch.cuda.is_available()), "--device cuda but no CUDA device is visible"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise fail(f"{message}; fix the value and rerun")
+    dqda_clip: float = 0.0
+    """clip each sample's dQ/da to this L2 norm before the actor step (0: off; Acme: the action bound)"""
+    max_grad_norm: float = 0.0
+    """clip each network's gradient to this global norm (0: off; Acme: 40)"""
 
 
 # ---------------------------------------------------------------- environment
-def env_spaces(env_id: str) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """Make one env to check its spaces; returns obs_dim, act_dim and the action bounds."""
-    if env_id.startswith("ALE/"):  # register the Atari ids so that the message below names the fix
-        try:
-            import ale_py
-
-            gym.register_envs(ale_py)
-        except ImportError:
-            pass
+def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:  # unknown ids and unsupported spaces: one-line errors
+    if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py"):  # register the Atari ids, so the message names the fix
+        gym.register_envs(importlib.import_module("ale_py"))
     try:
-        env = gym.make(env_id)
+        env = gym.make(env_id, render_mode=render_mode)
     except Exception as e:  # unknown id, missing dependency, ...
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise fail(f"cannot make environment {env_id!r} ({reason}); pass a Gymnasium id such as Pendulum-v1")
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) >= 2:
-        raise fail(f"{env_id} has image observations {obs_space.shape}; d4pg.py takes flat vectors, use ppo_atari.py or dqn_atari.py for image/Atari envs")
-    if not isinstance(act_space, gym.spaces.Box):
-        raise fail(f"{env_id} has a {type(act_space).__name__} action space; d4pg.py needs continuous (Box) actions, use ppg.py for discrete actions with vector observations")
+        raise fail(f"cannot make environment {env_id!r} ({(str(e).strip().splitlines() or [type(e).__name__])[0]}); pass a Gymnasium id such as Pendulum-v1")
+    obs_space, act_space, problem = env.observation_space, env.action_space, None
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        raise fail(f"{env_id} has a {type(obs_space).__name__} observation space; d4pg.py needs a flat Box, flatten it with a wrapper")
-    if len(act_space.shape) != 1 or not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-        raise fail(f"{env_id} has an unbounded or non-flat action space; d4pg.py needs a 1-D Box with finite bounds")
-    return obs_space.shape[0], act_space.shape[0], act_space.low.astype(np.float32), act_space.high.astype(np.float32)
+        problem = f"has {obs_space} observations; d4pg.py needs a flat Box (for images use ppo_atari.py or dqn_atari.py)"
+    elif not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1 or not np.isfinite([act_space.low, act_space.high]).all():
+        problem = f"has {act_space} actions; d4pg.py needs a 1-D Box with finite bounds (for discrete actions use ppg.py)"
+    if problem:
+        env.close()
+        raise fail(f"{env_id} {problem}")
+    return env
 
 
-def make_envs(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
+def make_envs(env_id: str, num_envs: int, seed: int) -> tuple[gym.vector.SyncVectorEnv, np.ndarray]:
+    make_env(env_id).close()  # validate once, before building the copies
     # SAME_STEP autoreset (detail 5): no reset step ever reaches the replay.
-    return gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs, _ = envs.reset(seed=seed)
+    return envs, obs.astype(np.float32)
 
 
-def final_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
-    """s_{t+1} of every env: for an env whose episode just ended, the real last observation."""
-    real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for i in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[i] = infos["final_obs"][i]
-    return real_next_obs
+def final_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:  # s_{t+1}: the real last obs where an episode ended
+    ended = infos.get("_final_obs", np.zeros(len(next_obs), bool))
+    return np.stack([infos["final_obs"][i] if ended[i] else next_obs[i] for i in range(len(next_obs))]).astype(np.float32)
 
 
-def scale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """The one place where actions in [-1, 1] become the env's [low, high]."""
+def scale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:  # the one place [-1, 1] meets the env
     return low + (action + 1.0) * 0.5 * (high - low)
 
 
@@ -262,8 +238,7 @@ def layer_norm_mlp(in_dim: int, hidden: int) -> nn.Sequential:
 class Actor(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
         super().__init__()
-        self.torso = layer_norm_mlp(obs_dim, hidden)
-        self.head = nn.Linear(hidden, act_dim)
+        self.torso, self.head = layer_norm_mlp(obs_dim, hidden), nn.Linear(hidden, act_dim)
         nn.init.trunc_normal_(self.head.weight, std=1e-4)  # near-zero first actions, as Acme
         nn.init.zeros_(self.head.bias)
 
@@ -271,13 +246,10 @@ class Actor(nn.Module):
         return torch.tanh(self.head(self.torso(obs)))
 
 
-class Critic(nn.Module):
-    """Logits of the categorical return distribution Z_w(s, a) over the atoms z."""
-
+class Critic(nn.Module):  # logits of the categorical return distribution Z_w(s, a) over the atoms z
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, num_atoms: int):
         super().__init__()
-        self.torso = layer_norm_mlp(obs_dim + act_dim, hidden)
-        self.head = nn.Linear(hidden, num_atoms)
+        self.torso, self.head = layer_norm_mlp(obs_dim + act_dim, hidden), nn.Linear(hidden, num_atoms)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.head(self.torso(torch.cat([obs, action], -1)))
@@ -285,65 +257,49 @@ class Critic(nn.Module):
 
 # ---------------------------------------------------------------- algorithm
 def categorical_projection(R: torch.Tensor, discount: torch.Tensor, p_next: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Phi(R + discount * Z'): the shifted target distribution projected back onto the atoms z.
-
-    R [B], discount [B] (gamma^m, or 0 after a termination), p_next [B, N] -> [B, N].
-    Each shifted atom Tz_j, clipped to [v_min, v_max], gives its mass p'_j to its two neighbours
-    z_i in proportion to 1 - |Tz_j - z_i| / dz (the triangular kernel; C51's Alg. 1).
-    """
-    dz = z[1] - z[0]
-    b = ((R.unsqueeze(-1) + discount.unsqueeze(-1) * z).clamp(z[0], z[-1]) - z[0]) / dz  # Tz_j in atom units
-    i = torch.arange(len(z), device=z.device, dtype=z.dtype)
+    """Phi(R + discount Z'), R [B], discount [B] (gamma^m, or 0 after a termination), p_next [B, N] -> [B, N]."""
+    # Each shifted atom Tz_j, clipped to [v_min, v_max], gives its mass p'_j to its two neighbours z_i
+    # in proportion to 1 - |Tz_j - z_i| / dz (the triangular kernel; C51's Alg. 1, detail 3).
+    b = ((R.unsqueeze(-1) + discount.unsqueeze(-1) * z).clamp(z[0], z[-1]) - z[0]) / (z[1] - z[0])  # Tz_j in atom units
+    i = torch.arange(len(z), device=z.device, dtype=z.dtype)  # atom indices
     kernel = (b.unsqueeze(-2) - i.unsqueeze(-1)).abs_().neg_().add_(1).clamp_(min=0)  # [B, N_i, N_j]
     return torch.bmm(kernel, p_next.unsqueeze(-1)).squeeze(-1)
 
 
 class NStepWindows:
-    """The last n (s, a, r) of every env; `add` returns the finished n-step transitions.
-
-    A transition is (s_t, a_t, R, discount, s_{t+m}) with R = sum_k gamma^k r_{t+k} over its m
-    rewards and discount = gamma^m (1 - terminated), so targets need no episode bookkeeping.
-    """
+    # The last n (s, a, r) of every env; `add` returns the finished n-step transitions (detail 4).
+    # A transition is (s_t, a_t, R, discount, s_{t+m}) with R = sum_k gamma^k r_{t+k} over its m rewards
+    # and discount = gamma^m (1 - terminated), so targets need no episode bookkeeping.
 
     def __init__(self, num_envs: int, n: int, gamma: float, obs_dim: int, act_dim: int):
         self.n, self.gamma = n, gamma
-        self.obs = np.zeros((num_envs, n, obs_dim), np.float32)
-        self.actions = np.zeros((num_envs, n, act_dim), np.float32)
-        self.rewards = np.zeros((num_envs, n), np.float64)
-        self.count = np.zeros(num_envs, np.int64)
-        k = np.arange(n)
+        self.obs, self.actions = np.zeros((num_envs, n, obs_dim), np.float32), np.zeros((num_envs, n, act_dim), np.float32)
+        self.rewards, self.count = np.zeros((num_envs, n), np.float64), np.zeros(num_envs, np.int64)
         # G[k, j] = gamma^(j - k) for j >= k: R of the item in slot k is sum_j G[k, j] r_j
-        self.G = np.triu(float(gamma) ** (k[None, :] - k[:, None]).astype(np.float64))
+        self.G = np.triu(float(gamma) ** (np.arange(n)[None, :] - np.arange(n)[:, None]).astype(np.float64))
 
     def _transitions(self, emit: np.ndarray, terminated: np.ndarray, real_next_obs: np.ndarray) -> dict:
         slots = np.arange(self.n)
-        valid = slots < self.count[:, None]
-        R = np.where(valid, self.rewards, 0.0) @ self.G.T
-        m = self.count[:, None] - slots  # number of rewards in each slot's return
-        discount = self.gamma ** m * (1.0 - terminated[:, None])
-        next_obs = np.broadcast_to(real_next_obs[:, None], self.obs.shape)
-        return {"obs": self.obs[emit], "actions": self.actions[emit], "returns": R[emit].astype(np.float32),
-                "discounts": discount[emit].astype(np.float32), "next_obs": next_obs[emit].astype(np.float32)}
+        R = np.where(slots < self.count[:, None], self.rewards, 0.0) @ self.G.T
+        discount = self.gamma ** (self.count[:, None] - slots) * (1.0 - terminated[:, None])  # m = count - slot rewards
+        return {"obs": self.obs[emit], "actions": self.actions[emit], "returns": R[emit].astype(np.float32), "discounts": discount[emit].astype(np.float32),
+                "next_obs": np.broadcast_to(real_next_obs[:, None], self.obs.shape)[emit].astype(np.float32)}
 
     def add(self, obs, actions, rewards, terminated, truncated, real_next_obs) -> dict:
-        envs = np.arange(len(self.count))
-        self.obs[envs, self.count], self.actions[envs, self.count] = obs, actions
-        self.rewards[envs, self.count] = rewards
+        envs, slots = np.arange(len(self.count)), np.arange(self.n)
+        self.obs[envs, self.count], self.actions[envs, self.count], self.rewards[envs, self.count] = obs, actions, rewards
         self.count += 1
         done, full = terminated | truncated, self.count == self.n
-        slots = np.arange(self.n)
         # a full window gives its oldest item; an ended episode gives every item it holds
         emit = (slots < self.count[:, None]) & (done[:, None] | (full[:, None] & (slots == 0)))
         out = self._transitions(emit, terminated.astype(np.float64), real_next_obs)
         slide = full & ~done
         for array in (self.obs, self.actions, self.rewards):
             array[slide] = np.roll(array[slide], -1, axis=1)
-        self.count[slide] -= 1
-        self.count[done] = 0
+        self.count = np.where(done, 0, self.count - slide)
         return out
 
-    def flush(self, real_next_obs: np.ndarray) -> dict:
-        """Cut every pending episode here, as a truncation bootstrapped from `real_next_obs`."""
+    def flush(self, real_next_obs: np.ndarray) -> dict:  # cut every pending episode here, as a truncation (detail 9)
         out = self._transitions(np.arange(self.n) < self.count[:, None], np.zeros(len(self.count)), real_next_obs)
         self.count[:] = 0
         return out
@@ -352,23 +308,17 @@ class NStepWindows:
         return {k: torch.from_numpy(getattr(self, k).copy()) for k in ("obs", "actions", "rewards", "count")}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("obs", "actions", "rewards", "count"):
-            getattr(self, k)[:] = state[k].numpy()
+        for k, v in state.items():
+            getattr(self, k)[:] = v.numpy()
 
 
 class SumTree:
-    """Leaves hold p_i^alpha, every parent the sum of its children (Schaul et al. 2016, App. B.2.1).
-
-    Sampling and updating a batch cost O(log N) numpy operations: one per tree level.
-    """
+    # Leaves hold p_i^alpha, every parent the sum of its children (Schaul et al. 2016, App. B.2.1).
+    # Sampling and updating a batch cost O(log N) numpy operations: one per tree level.
 
     def __init__(self, capacity: int):
         self.leaves = 1 << max(capacity - 1, 0).bit_length()
         self.nodes = np.zeros(2 * self.leaves)  # nodes[1] is the root
-
-    @property
-    def total(self) -> float:
-        return float(self.nodes[1])
 
     def update(self, idx: np.ndarray, values: np.ndarray) -> None:
         i = np.asarray(idx) + self.leaves
@@ -378,50 +328,42 @@ class SumTree:
             self.nodes[i] = self.nodes[2 * i] + self.nodes[2 * i + 1]
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Stratified: one uniform draw in each of batch_size equal slices of [0, total)."""
-        u = (np.arange(batch_size) + rng.random(batch_size)) * (self.total / batch_size)
-        i = np.ones(batch_size, np.int64)
+        # Stratified: one uniform draw in each of batch_size equal slices of [0, total); returns indices and P(i).
+        u, i = (np.arange(batch_size) + rng.random(batch_size)) * (self.nodes[1] / batch_size), np.ones(batch_size, np.int64)
         while i[0] < self.leaves:
             left = self.nodes[2 * i]
             right = (u >= left) & (self.nodes[2 * i + 1] > 0)  # rounding never reaches an empty leaf
-            u = np.where(right, u - left, u)
-            i = 2 * i + right
-        return i - self.leaves, self.nodes[i] / self.total
+            u, i = np.where(right, u - left, u), 2 * i + right
+        return i - self.leaves, self.nodes[i] / self.nodes[1]
 
 
 class ReplayBuffer:
-    """Ring buffer of n-step transitions; uniform, or prioritised with a sum tree."""
-
-    KEYS = ("obs", "actions", "returns", "discounts", "next_obs")
+    # Ring buffer of n-step transitions; uniform, or prioritised with a sum tree (detail 7).
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int, prioritized: bool, alpha: float):
-        self.capacity, self.alpha, self.pos, self.size = capacity, alpha, 0, 0
+        self.capacity, self.alpha, self.pos, self.size, self.max_priority = capacity, alpha, 0, 0, 1.0
         shapes = {"obs": (obs_dim,), "actions": (act_dim,), "returns": (), "discounts": (), "next_obs": (obs_dim,)}
-        self.data = {k: np.zeros((capacity, *shapes[k]), np.float32) for k in self.KEYS}
+        self.data = {k: np.zeros((capacity, *shape), np.float32) for k, shape in shapes.items()}
         self.tree = SumTree(capacity) if prioritized else None
-        self.max_priority = 1.0
 
     def add(self, transitions: dict) -> None:
-        k = len(transitions["returns"])
-        if k == 0:
-            return
-        idx = (self.pos + np.arange(k)) % self.capacity
-        for key in self.KEYS:
-            self.data[key][idx] = transitions[key]
-        self.pos, self.size = (self.pos + k) % self.capacity, min(self.size + k, self.capacity)
-        if self.tree is not None:  # new transitions get the largest priority, so each is seen once
-            self.tree.update(idx, np.full(k, self.max_priority**self.alpha))
+        idx = (self.pos + np.arange(len(transitions["returns"]))) % self.capacity
+        for key, array in self.data.items():
+            array[idx] = transitions[key]
+        self.pos, self.size = (self.pos + len(idx)) % self.capacity, min(self.size + len(idx), self.capacity)
+        if self.tree is not None and len(idx):  # new transitions get the largest priority, so each is seen once
+            self.tree.update(idx, np.full(len(idx), self.max_priority**self.alpha))
 
-    def sample(self, batch_size: int, beta: float, rng: np.random.Generator):
-        """Indices, the batch, and the importance weights w_i = (N P(i))^-beta / max_j w_j."""
+    def sample(self, batch_size: int, beta: float, rng: np.random.Generator, device) -> tuple[np.ndarray, dict, torch.Tensor]:
+        # Returns indices, the batch on `device`, and the importance weights w_i = (N P(i))^-beta / max_j w_j.
         if self.tree is None:
-            idx = rng.integers(0, self.size, batch_size)
-            weights = np.ones(batch_size, np.float32)
+            idx, weights = rng.integers(0, self.size, batch_size), np.ones(batch_size, np.float32)
         else:
             idx, P = self.tree.sample(batch_size, rng)
             weights = (self.size * P) ** -beta
             weights = (weights / weights.max()).astype(np.float32)
-        return idx, {k: v[idx] for k, v in self.data.items()}, weights
+        batch = {k: torch.from_numpy(v[idx]).to(device) for k, v in self.data.items()}
+        return idx, batch, torch.from_numpy(weights).to(device)
 
     def update_priorities(self, idx: np.ndarray, priorities: np.ndarray) -> None:
         p = np.abs(priorities) + 1e-6  # never zero: every transition stays reachable
@@ -430,321 +372,392 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         state = {k: torch.from_numpy(v[: self.size].copy()) for k, v in self.data.items()}
-        state.update(pos=self.pos, size=self.size, max_priority=self.max_priority)
         if self.tree is not None:
             state["priorities"] = torch.from_numpy(self.tree.nodes[self.tree.leaves : self.tree.leaves + self.size].copy())
-        return state
+        return {**state, "pos": self.pos, "size": self.size, "max_priority": self.max_priority}
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size, self.max_priority = state["pos"], state["size"], state["max_priority"]
-        for k in self.KEYS:
-            self.data[k][: self.size] = state[k].numpy()
+        for k, array in self.data.items():
+            array[: self.size] = state[k].numpy()
         if self.tree is not None and self.size:
             self.tree.update(np.arange(self.size), state["priorities"].numpy())
 
 
-# ---------------------------------------------------------------- checkpoints and evaluation
-COMPATIBLE = ("env_id", "num_envs", "hidden_size", "num_atoms", "v_min", "v_max", "n_step", "gamma", "buffer_size", "prioritized")
+def critic_loss(critic: Critic, critic_target: Critic, actor_target: Actor, b: dict, z: torch.Tensor, weights: torch.Tensor):
+    # The weighted cross-entropy of p(s_t, a_t) against Phi Y, and each sample's new priority (detail 7).
+    with torch.no_grad():  # the target distribution Phi(R + gamma^m Z'(s', pi'(s')))
+        p_next = critic_target(b["next_obs"], actor_target(b["next_obs"])).softmax(-1)
+        target = categorical_projection(b["returns"], b["discounts"], p_next, z)
+    cross_entropy = -(target * critic(b["obs"], b["actions"]).log_softmax(-1)).sum(-1)
+    # priority KL(Phi Y || p) = cross-entropy - entropy(Phi Y)
+    return (weights * cross_entropy).mean(), cross_entropy.detach() + (target * target.clamp(min=1e-12).log()).sum(-1)
 
 
-def checkpoint_run_dir(path: str) -> str:
-    """The run dir of a checkpoint: the folder above its checkpoints/ folder (else its own folder)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
+def actor_loss(actor: Actor, critic: Critic, obs: torch.Tensor, z: torch.Tensor, dqda_clip: float):
+    # -Q(s, pi(s)) with Q the mean of Z: its gradient is the deterministic policy gradient. Returns it and Q.
+    a = actor(obs)
+    if dqda_clip > 0:  # a_i receives -dQ/da_i / B: rescale it so that |dQ/da_i| <= dqda_clip, as Acme (deviation d)
+        a.register_hook(lambda g: g * (dqda_clip / (len(g) * g.norm(dim=-1, keepdim=True))).clamp(max=1.0))
+    q = (critic(obs, a).softmax(-1) * z).sum(-1).mean()
+    return -q, q.detach()
 
 
-def load_checkpoint(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise fail(f"checkpoint {path} does not exist; pass a checkpoints/latest.pt written by {SCRIPT}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); the file is corrupt or not a checkpoint")
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != "d4pg":
-        algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
-        raise fail(f"checkpoint {path} was written by {algo!r}, not d4pg; pass a checkpoint of {SCRIPT}")
-    return ckpt
+def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, net: nn.Module, max_grad_norm: float) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if max_grad_norm > 0:  # Acme's global-norm clip (deviation d)
+        nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+    optimizer.step()
 
 
-def save_atomic(obj, path: str) -> None:
-    tmp = f"{path}.tmp"
-    if path.endswith(".json"):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-    else:
-        torch.save(obj, tmp)
-    os.replace(tmp, path)  # a kill at any moment leaves the previous file intact
+def update(actor, critic, actor_target, critic_target, actor_optim, critic_optim, b: dict, weights: torch.Tensor, z: torch.Tensor, args: Args):
+    # Critic step, actor step, Polyak update of both targets (detail 8); returns the logged metrics and the priorities.
+    loss_c, priorities = critic_loss(critic, critic_target, actor_target, b, z, weights)
+    gradient_step(critic_optim, loss_c, critic, args.max_grad_norm)
+    critic.requires_grad_(False)  # the actor step needs dQ/da only, not critic weight gradients
+    loss_a, q = actor_loss(actor, critic, b["obs"], z, args.dqda_clip)
+    gradient_step(actor_optim, loss_a, actor, args.max_grad_norm)
+    critic.requires_grad_(True)
+    with torch.no_grad():
+        for p, p_target in zip([*actor.parameters(), *critic.parameters()], [*actor_target.parameters(), *critic_target.parameters()]):
+            p_target.lerp_(p, args.tau)
+    return {"losses/critic_loss": loss_c.detach(), "losses/actor_loss": loss_a.detach(), "losses/q_values": q}, priorities
 
 
-def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, device, video_dir: Optional[str] = None) -> list[float]:
-    """Returns of `episodes` episodes of the deterministic actor (no exploration noise)."""
-    env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
-    if video_dir:
-        env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, name_prefix="eval")
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=seed + 10_000 + i)
-        done, total = False, 0.0
-        while not done:
-            with torch.inference_mode():
-                action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(scale_action(action, low, high))
-            total, done = total + float(reward), terminated or truncated
-        returns.append(total)
-    env.close()
-    return returns
-
-
-def eval_only(args: Args, device: torch.device) -> None:
-    ckpt = load_checkpoint(args.checkpoint)
-    cfg = ckpt["args"]
-    obs_dim, act_dim, _, _ = env_spaces(cfg["env_id"])
-    actor = Actor(obs_dim, act_dim, cfg["hidden_size"]).to(device)
-    actor.load_state_dict(ckpt["actor"])
-    run_dir = args.run_dir or checkpoint_run_dir(args.checkpoint)
-    os.makedirs(run_dir, exist_ok=True)
-    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    returns = evaluate(actor, cfg["env_id"], args.eval_episodes, cfg["seed"], device, video_dir)
-    result = {"script": SCRIPT, "algo": "d4pg", "env_id": cfg["env_id"], "seed": cfg["seed"], "checkpoint": args.checkpoint,
-              "global_step": ckpt["global_step"], "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
-              "eval_episodes": len(returns), "eval_returns": returns}
-    save_atomic(result, os.path.join(run_dir, "eval.json"))
-    print(f"eval {cfg['env_id']} step {ckpt['global_step']:,}: {result['eval_mean']:.1f} +- {result['eval_std']:.1f} over {len(returns)} episodes")
-
-
-def install_stop_handlers() -> dict:
-    """SIGINT/SIGTERM set stop["signal"]; the loop saves and leaves at its next safe point.
-    After the first signal, SIGINT is back to its default, so a second Ctrl-C kills at once."""
-    stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop["signal"] = signum
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return stop
+def checkpoint_state(nets: dict, buffer, windows, obs: np.ndarray, rng, num_updates: int, updates_due: float, beta_horizon: int) -> dict:
+    # Everything detail 9 lists, as plain tensors and numbers.
+    return {**{k: v.state_dict() for k, v in nets.items()}, "buffer": buffer.state_dict(), "windows": windows.state_dict(), "last_obs": torch.from_numpy(obs.copy()),
+            "rng": rng_state(torch=torch.default_generator, numpy=rng), "num_updates": num_updates, "updates_due": updates_due, "beta_horizon": beta_horizon}
 
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    """Train (or --eval-only); a W&B run is finished on every way out, errors included."""
-    ok = False
-    try:
-        run_training(args)
-        ok = True
-    finally:
-        wandb = sys.modules.get("wandb")
-        if args.track and wandb is not None and getattr(wandb, "run", None) is not None:
-            wandb.finish(exit_code=0 if ok else 1)
-
-
-def run_training(args: Args) -> None:
-    t_start = time.time()  # wall_time_s: the whole process, from here to summary.json
-    validate(args)
-    if args.torch_deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    check_args(args, [
+        (min(args.num_envs, args.batch_size, args.n_step, args.hidden_size) >= 1,
+         "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1"),
+        (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
+        (args.num_atoms >= 2 and args.v_min < args.v_max, "the support needs --num-atoms of at least 2 and --v-min below --v-max"),
+        (0 < args.gamma <= 1 and 0 < args.tau <= 1 and 0 <= args.per_beta <= 1, "--gamma and --tau must lie in (0, 1], --per-beta in [0, 1]"),
+        (min(args.actor_lr, args.critic_lr, args.updates_per_step) > 0, "--actor-lr, --critic-lr and --updates-per-step must be positive"),
+        (min(args.sigma, args.learning_starts, args.per_alpha, args.dqda_clip, args.max_grad_norm) >= 0,
+         "--sigma, --learning-starts, --per-alpha, --dqda-clip and --max-grad-norm must be >= 0"),
+    ])
     if args.eval_only:
-        return eval_only(args, device)
-    if args.track:  # before anything is written
-        try:
-            import wandb
-        except ImportError:
-            raise fail("--track needs the wandb package; install it or drop --track")
-    ckpt = load_checkpoint(args.resume) if args.resume else None
-    if ckpt is not None:
-        for key in COMPATIBLE:
-            if ckpt["args"][key] != getattr(args, key):
-                flag = "--" + key.replace("_", "-")
-                raise fail(f"checkpoint {args.resume} has {flag} {ckpt['args'][key]}, not {getattr(args, key)}; resume with the checkpoint's value")
-        if args.total_steps < ckpt["global_step"]:
-            raise fail(f"checkpoint {args.resume} is at step {ckpt['global_step']}, beyond --total-steps {args.total_steps}; pass --total-steps {ckpt['global_step']} or more")
-    obs_dim, act_dim, low, high = env_spaces(args.env_id)
-
-    default_dir = checkpoint_run_dir(args.resume) if ckpt else f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = args.run_dir or default_dir
-    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-    ckpt_path = os.path.join(run_dir, "checkpoints", "latest.pt")
-    if args.track:
-        wandb.init(project=args.wandb_project_name, config=vars(args), sync_tensorboard=True, dir=run_dir,
-                   name=os.path.basename(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
-    stop = install_stop_handlers()
-    save_atomic({**asdict(args), "run_dir": run_dir, "device": str(device)}, os.path.join(run_dir, "config.json"))
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)  # exploration noise, random actions and replay sampling
-
-    envs = make_envs(args.env_id, args.num_envs)
+        return eval_only(args)
+    seed_everything(args.seed, args.torch_deterministic)
+    device, rng = pick_device(args.device), np.random.default_rng(args.seed)  # rng: noise, random actions, replay and PER sampling
+    same = ("num_envs", "hidden_size", "num_atoms", "v_min", "v_max", "n_step", "gamma", "buffer_size", "prioritized")  # what the checkpoint's sizes fix
+    ckpt = resume_checkpoint(args, same) if args.resume else None
+    global_step = ckpt["global_step"] if ckpt else 0
+    envs, obs = make_envs(args.env_id, args.num_envs, args.seed + global_step)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     actor = Actor(obs_dim, act_dim, args.hidden_size).to(device)
     critic = Critic(obs_dim, act_dim, args.hidden_size, args.num_atoms).to(device)
-    actor_target = Actor(obs_dim, act_dim, args.hidden_size).to(device)
-    critic_target = Critic(obs_dim, act_dim, args.hidden_size, args.num_atoms).to(device)
-    actor_target.load_state_dict(actor.state_dict())
-    critic_target.load_state_dict(critic.state_dict())
-    actor_optim = torch.optim.Adam(actor.parameters(), lr=args.actor_lr)
-    critic_optim = torch.optim.Adam(critic.parameters(), lr=args.critic_lr)
+    nets = {"actor": actor, "critic": critic, "actor_target": copy.deepcopy(actor), "critic_target": copy.deepcopy(critic),
+            "actor_optim": torch.optim.Adam(actor.parameters(), lr=args.actor_lr), "critic_optim": torch.optim.Adam(critic.parameters(), lr=args.critic_lr)}
     z = torch.linspace(args.v_min, args.v_max, args.num_atoms, device=device)  # the atoms z_i
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.prioritized, args.per_alpha)
     windows = NStepWindows(args.num_envs, args.n_step, args.gamma, obs_dim, act_dim)
-    global_step, num_updates, updates_due = 0, 0, 0.0
-
-    if ckpt is not None:
-        for net, key in ((actor, "actor"), (critic, "critic"), (actor_target, "actor_target"), (critic_target, "critic_target"),
-                         (actor_optim, "actor_optim"), (critic_optim, "critic_optim"), (buffer, "buffer"), (windows, "windows")):
-            net.load_state_dict(ckpt[key])
-        global_step, num_updates, updates_due = ckpt["global_step"], ckpt["num_updates"], ckpt["updates_due"]
-        py_state = ckpt["rng"]["python"]
-        random.setstate((py_state[0], tuple(py_state[1]), py_state[2]))
-        rng.bit_generator.state = json.loads(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and ckpt["rng"]["cuda"]:
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+    num_updates, updates_due, beta_horizon = (ckpt["num_updates"], ckpt["updates_due"], ckpt["beta_horizon"]) if ckpt else (0, 0.0, args.total_steps)
+    if ckpt:
+        for key, part in {**nets, "buffer": buffer, "windows": windows}.items():
+            part.load_state_dict(ckpt[key])  # modules and optimizers copy the CPU tensors onto their device
+        set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
         buffer.add(windows.flush(ckpt["last_obs"].numpy()))  # detail 9: the cut episodes end here
-    obs, _ = envs.reset(seed=args.seed + global_step)
-    obs = obs.astype(np.float32)
-
-    def checkpoint_state() -> dict:
-        py_state = random.getstate()
-        return {"algo": "d4pg", "script": SCRIPT, "env_id": args.env_id, "args": asdict(args), "run_dir": run_dir,
-                "global_step": global_step, "num_updates": num_updates, "updates_due": updates_due,
-                "actor": actor.state_dict(), "critic": critic.state_dict(), "actor_target": actor_target.state_dict(),
-                "critic_target": critic_target.state_dict(), "actor_optim": actor_optim.state_dict(),
-                "critic_optim": critic_optim.state_dict(), "buffer": buffer.state_dict(), "windows": windows.state_dict(),
-                "last_obs": torch.from_numpy(obs.copy()),
-                "rng": {"python": [py_state[0], list(py_state[1]), py_state[2]], "numpy": json.dumps(rng.bit_generator.state),
-                        "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else []}}
-
-    # purge what a killed process logged after its checkpoint; points at the checkpoint's step stay
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
-    if ckpt is None:
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-
-    def check_finite() -> None:
-        if nonfinite.item():
-            raise fail(f"non-finite loss by step {global_step:,}; the last good checkpoint (if any) is {ckpt_path}, lower the learning rates")
-
-    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-    discounted_return, discount_power = np.zeros(args.num_envs), np.ones(args.num_envs)
-    recent_returns, support_warned = deque(maxlen=20), False
-    start_step, log_every = global_step, 200
-    loop_start = last_print = time.time()  # sps: env steps per second of this loop only
-    critic_loss = actor_loss = q_value = None
-
-    while global_step < args.total_steps and stop["signal"] is None:
-        if global_step < args.learning_starts:
-            actions = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
-        else:
+    stop = StopSignal()
+    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None, device=str(device)) as log:
+        (ep_return, ep_length, ep_discounted), discount, metrics, warned = np.zeros((3, args.num_envs)), np.ones(args.num_envs), {}, False
+        while global_step < args.total_steps and not stop:
             with torch.inference_mode():
-                actions = actor(torch.from_numpy(obs).to(device)).cpu().numpy()
-            actions = np.clip(actions + args.sigma * rng.standard_normal(actions.shape), -1.0, 1.0).astype(np.float32)
-        next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(actions, low, high))
-        next_obs = next_obs.astype(np.float32)
-        buffer.add(windows.add(obs, actions, rewards, terminated, truncated, final_observations(next_obs, infos)))
-        obs, prev_step = next_obs, global_step
-        global_step += args.num_envs
+                mu = actor(torch.from_numpy(obs).to(device)).cpu().numpy()
+            actions = (rng.uniform(-1.0, 1.0, mu.shape) if global_step < args.learning_starts  # deviation e, then detail 6
+                       else np.clip(mu + args.sigma * rng.standard_normal(mu.shape), -1.0, 1.0)).astype(np.float32)
+            next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(actions, envs.single_action_space.low, envs.single_action_space.high))
+            buffer.add(windows.add(obs, actions, rewards, terminated, truncated, final_observations(next_obs, infos)))
+            obs, prev_step, global_step = next_obs.astype(np.float32), global_step, global_step + args.num_envs
+            ep_return, ep_length, ep_discounted, discount = ep_return + rewards, ep_length + 1, ep_discounted + discount * rewards, discount * args.gamma
+            for i in np.flatnonzero(terminated | truncated):
+                log.episode(global_step, ep_return[i], ep_length[i])
+                if not warned and not args.v_min <= ep_discounted[i] <= args.v_max:  # detail 10
+                    warned = True
+                    print(f"{SCRIPT}: warning: an episode's discounted return {ep_discounted[i]:.1f} lies outside the critic support "
+                          f"[{args.v_min:g}, {args.v_max:g}]; set --v-min/--v-max to cover the task's returns", file=sys.stderr)
+                ep_return[i], ep_length[i], ep_discounted[i], discount[i] = 0.0, 0.0, 0.0, 1.0
 
-        episode_return += rewards
-        episode_length += 1
-        discounted_return += discount_power * rewards
-        discount_power *= args.gamma
-        for i in np.flatnonzero(terminated | truncated):
-            writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-            writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-            recent_returns.append(float(episode_return[i]))
-            if not support_warned and not args.v_min <= discounted_return[i] <= args.v_max:
-                support_warned = True
-                print(f"{SCRIPT}: warning: an episode's discounted return {discounted_return[i]:.1f} lies outside the critic support "
-                      f"[{args.v_min:g}, {args.v_max:g}]; set --v-min/--v-max to cover the task's returns", file=sys.stderr)
-            episode_return[i], episode_length[i], discounted_return[i], discount_power[i] = 0.0, 0, 0.0, 1.0
+            if global_step >= args.learning_starts and buffer.size >= args.batch_size:
+                updates_due += args.num_envs * args.updates_per_step
+            beta = args.per_beta + (1.0 - args.per_beta) * min(1.0, global_step / beta_horizon)
+            while updates_due >= 1:
+                updates_due, num_updates = updates_due - 1, num_updates + 1
+                idx, batch, weights = buffer.sample(args.batch_size, beta, rng, device)
+                metrics, priorities = update(**nets, b=batch, weights=weights, z=z, args=args)
+                log.check_finite(metrics["losses/critic_loss"] + metrics["losses/actor_loss"], global_step)
+                if buffer.tree is not None:
+                    buffer.update_priorities(idx, priorities.cpu().numpy())
+            if every(global_step, prev_step, 200) or global_step >= args.total_steps or stop:
+                log.scalars(global_step, {"charts/SPS": log.sps(global_step), "charts/learning_rate": args.critic_lr,
+                                          "charts/actor_learning_rate": args.actor_lr, "charts/num_updates": num_updates, **metrics})
+            if stop:  # save right away: no evaluation, no periodic checkpoint
+                break
+            if every(global_step, prev_step, args.eval_interval) and global_step < args.total_steps:
+                log.scalars(global_step, {"eval/episodic_return": np.mean(evaluate(actor, args.env_id, args.eval_episodes, args.seed, device))})
+            if every(global_step, prev_step, args.checkpoint_interval):
+                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(nets, buffer, windows, obs, rng, num_updates, updates_due, beta_horizon))
+            log.progress(global_step, args.total_steps)
+        envs.close()
+        save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(nets, buffer, windows, obs, rng, num_updates, updates_due, beta_horizon))
+        if stop:
+            return log.interrupted(global_step)
+        returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed, device, log.run_dir / "videos" if args.capture_video else None)
+        log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
+        log.summary(global_step, returns, num_updates=num_updates)
 
-        if global_step >= args.learning_starts and buffer.size >= args.batch_size:
-            updates_due += args.num_envs * args.updates_per_step
-        beta = args.per_beta + (1.0 - args.per_beta) * min(1.0, global_step / args.total_steps)
-        while updates_due >= 1:
-            updates_due -= 1
-            num_updates += 1
-            idx, batch, weights = buffer.sample(args.batch_size, beta, rng)
-            b = {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
-            with torch.no_grad():  # the target distribution Phi(R + gamma^m Z'(s', pi'(s')))
-                p_next = critic_target(b["next_obs"], actor_target(b["next_obs"])).softmax(-1)
-                target = categorical_projection(b["returns"], b["discounts"], p_next, z)
-            log_p = F.log_softmax(critic(b["obs"], b["actions"]), -1)
-            cross_entropy = -(target * log_p).sum(-1)
-            critic_loss = (torch.from_numpy(weights).to(device) * cross_entropy).mean()
-            critic_optim.zero_grad(set_to_none=True)
-            critic_loss.backward()
-            critic_optim.step()
 
-            # deterministic policy gradient through the mean of Z: maximise Q(s, pi(s)) = sum_i p_i z_i
-            critic.requires_grad_(False)  # the actor step needs dQ/da only, not critic weight gradients
-            q_value = (critic(b["obs"], actor(b["obs"])).softmax(-1) * z).sum(-1).mean()
-            actor_loss = -q_value
-            actor_optim.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            actor_optim.step()
-            critic.requires_grad_(True)
-            with torch.no_grad():
-                for net, target_net in ((actor, actor_target), (critic, critic_target)):
-                    for p, p_target in zip(net.parameters(), target_net.parameters()):
-                        p_target.lerp_(p, args.tau)
-            if buffer.tree is not None:  # priority = KL(Phi Y || p) = cross-entropy - entropy(Phi Y)
-                kl = cross_entropy.detach() + (target * target.clamp(min=1e-12).log()).sum(-1)
-                buffer.update_priorities(idx, kl.cpu().numpy())
-            nonfinite |= ~torch.isfinite(critic_loss.detach() + actor_loss.detach())
+# ---------------------------------------------------------------- evaluation
+def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, device, video_dir: Path | None = None) -> list[float]:
+    # Returns of `episodes` episodes of the deterministic actor, without exploration noise (detail 11).
+    env = make_env(env_id, render_mode="rgb_array" if video_dir else None)
+    env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval", disable_logger=True) if video_dir else env
+    returns = []
+    for i in range(episodes):
+        (obs, _), done, returns = env.reset(seed=seed + 10_000 + i), False, returns + [0.0]
+        while not done:
+            with torch.inference_mode():
+                action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[0].cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(scale_action(action, env.action_space.low, env.action_space.high))
+            returns[-1], done = returns[-1] + float(reward), terminated or truncated
+    env.close()
+    return returns
 
-        if global_step // log_every > prev_step // log_every:
-            check_finite()
-            sps = (global_step - start_step) / (time.time() - loop_start)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/learning_rate", args.critic_lr, global_step)
-            writer.add_scalar("charts/actor_learning_rate", args.actor_lr, global_step)
-            if critic_loss is not None:
-                writer.add_scalar("losses/critic_loss", critic_loss.item(), global_step)
-                writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
-                writer.add_scalar("losses/q_values", q_value.item(), global_step)
-                writer.add_scalar("charts/num_updates", num_updates, global_step)
-        if stop["signal"] is not None:  # save right away: no evaluation, no periodic checkpoint
-            continue
-        if args.eval_interval and global_step < args.total_steps and global_step // args.eval_interval > prev_step // args.eval_interval:
-            check_finite()
-            returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed, device)
-            writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-        if args.checkpoint_interval and global_step // args.checkpoint_interval > prev_step // args.checkpoint_interval:
-            check_finite()
-            save_atomic(checkpoint_state(), ckpt_path)
-        if time.time() - last_print > 5:
-            last_print = time.time()
-            sps = (global_step - start_step) / (last_print - loop_start)
-            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            eta = int((args.total_steps - global_step) / max(sps, 1e-9))
-            print(f"step {global_step:,}/{args.total_steps:,} | {sps:,.0f} SPS | return {recent} | eta {eta // 60}m{eta % 60:02d}s", flush=True)
 
-    loop_time = time.time() - loop_start
-    check_finite()
-    save_atomic(checkpoint_state(), ckpt_path)
-    envs.close()
-    if stop["signal"] is not None:  # detail 9: no summary.json for an interrupted run
-        writer.close()
-        print(f"{signal.Signals(stop['signal']).name} at step {global_step:,}: checkpoint saved to {ckpt_path}; continue with --resume {ckpt_path}")
-        return
-    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed, device, video_dir)
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-    writer.close()
-    result = {"script": SCRIPT, "algo": "d4pg", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
-              "num_updates": num_updates, "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
-              "eval_episodes": len(returns), "eval_returns": returns, "wall_time_s": time.time() - t_start,
-              "sps": (global_step - start_step) / max(loop_time, 1e-9), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    save_atomic(result, os.path.join(run_dir, "summary.json"))
-    print(f"done: step {global_step:,} | eval {result['eval_mean']:.1f} +- {result['eval_std']:.1f} | {result['sps']:,.0f} SPS | {run_dir}")
+def eval_only(args: Args) -> None:
+    # With --checkpoint's own env, network and seed: this repeats the run's final evaluation.
+    ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
+    actor = Actor(ckpt["actor"]["torso.0.weight"].shape[1], ckpt["actor"]["head.weight"].shape[0], ckpt["args"]["hidden_size"]).to(device)
+    actor.load_state_dict(ckpt["actor"])
+    run_dir = run_dir_for(args, args.checkpoint)
+    returns = evaluate(actor, ckpt["env_id"], args.eval_episodes, ckpt["args"]["seed"], device, run_dir / "videos" if args.capture_video else None)
+    write_eval_only(run_dir, args, ckpt, returns)
 
+
+# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).
+# No algorithm knowledge below: errors, argument checks, device, seeding, checkpoints, RNG state, stop signals,
+# interval tests and the logger. Change it in one file, then copy it to the others.
+SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+PROCESS_START = time.time()  # summary.json's wall_time_s counts from here (imports done)
+
+
+def fail(message: str) -> SystemExit:
+    """`raise fail(...)`: one line on stderr, exit status 1 (bad input stops before training)."""
+    return SystemExit(f"{SCRIPT}: error: {message}")
+
+
+def check_args(args, rows: list[tuple[bool, str]]) -> None:
+    """Stop at the first (condition, message) row whose condition is false; the common flags first."""
+    common = [
+        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
+        (min(args.eval_interval, args.checkpoint_interval) >= 0, "--eval-interval and --checkpoint-interval must be >= 0 (0: only at the end)"),
+        (not args.eval_only or args.checkpoint is not None, "--eval-only needs --checkpoint PATH"),
+        (not (args.eval_only and args.resume), "--eval-only evaluates --checkpoint and cannot --resume; drop one"),
+        (args.device != "cuda" or torch.cuda.is_available(), "--device cuda but CUDA is not available; use --device cpu or auto"),
+        (not args.track or importlib.util.find_spec("wandb") is not None, "--track needs wandb (pip install wandb), or drop --track"),
+    ]
+    for ok, message in common + rows:
+        if not ok:
+            raise fail(message)
+
+
+def pick_device(name: str) -> torch.device:  # "cuda" without CUDA is refused by check_args
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed the global generators; --torch-deterministic asks for deterministic kernels."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read when CUDA starts
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # CPU and every CUDA device
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def rng_state(**generators) -> dict:
+    """Exactly the generators a file draws from (numpy or torch ones), plus CUDA's when CUDA is in use."""
+    state = {name: g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state()
+             for name, g in generators.items()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, **generators) -> None:
+    for name, g in generators.items():  # a numpy Generator's state is a dict, a torch Generator's a tensor
+        g.set_state(state[name]) if isinstance(g, torch.Generator) else setattr(g.bit_generator, "state", state[name])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path: Path, args, global_step: int, state: dict) -> None:
+    """Plain tensors and containers, written to a temporary file and renamed: a kill leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"algo": ALGO, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+    """Loaded on the CPU with weights_only=True (a stranger's checkpoint cannot run code); the algorithm
+    moves what it needs to its device. Refuses another script's or another environment's checkpoint."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
+    except Exception as e:
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint")
+    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
+        raise fail(f"{path} is not a checkpoint written by this library; pass a checkpoints/latest.pt")
+    elif ckpt["algo"] != ALGO:
+        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py, not {SCRIPT}; use {ckpt['algo']}.py")
+    if env_id is not None and ckpt["env_id"] != env_id:
+        raise fail(f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']}")
+    return ckpt
+
+
+def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
+    """--resume's checkpoint; refused below its step or when an argument in `same` (sizes of what it holds) differs."""
+    ckpt = load_checkpoint(args.resume, args.env_id)
+    if args.total_steps < ckpt["global_step"]:
+        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
+    for key in same:
+        if ckpt["args"][key] != getattr(args, key):
+            flag = "--" + key.replace("_", "-")
+            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+    return ckpt
+
+
+def run_dir_for(args, checkpoint: str | None) -> Path:
+    """--run-dir if given; for a resume or --eval-only, the folder that holds the checkpoint's
+    checkpoints/ folder where it lies now; else runs/<env>__<exp>__<seed>__<unix time>."""
+    if args.run_dir:
+        return Path(args.run_dir)
+    if checkpoint:
+        folder = Path(checkpoint).resolve().parent
+        return folder.parent if folder.name == "checkpoints" else folder
+    return Path(f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
+
+
+def write_eval_only(run_dir: Path, args, ckpt: dict, returns: list[float], **extra) -> None:
+    """eval.json of --eval-only, beside the run's own outputs."""
+    result = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"],
+              "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"], **eval_stats(returns), **extra}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "eval.json", result)
+    print(f"eval at step {ckpt['global_step']:,}: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
+
+
+def eval_stats(returns: list[float]) -> dict:  # the evaluation fields of summary.json and eval.json
+    return {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
+            "eval_episodes": len(returns), "eval_returns": [float(r) for r in returns]}
+
+
+class StopSignal:
+    """The first SIGINT or SIGTERM makes this true: the loop checkpoints and leaves at its next safe
+    point. Both signals then go back to their defaults, so a second one kills at once."""
+
+    def __init__(self):
+        self.signum = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.signum = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+
+def every(step: int, previous_step: int, interval: int) -> bool:
+    """True when a multiple of `interval` lies in (previous_step, step]; never when interval is 0."""
+    return interval > 0 and step // interval != previous_step // interval
+
+
+class RunLogger:
+    """TensorBoard events (and W&B with --track), config.json, the progress line and summary.json of
+    one run. `with RunLogger(...) as log:` finishes the W&B run with the right exit code on every way out.
+    SPS counts this process's env steps over its training loop: the last sps() call marks the loop's end."""
+
+    def __init__(self, args, run_dir: Path, start_step: int, resumed: bool, **config):
+        self.args, self.run_dir, self.start_step = args, run_dir, start_step
+        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", {**asdict(args), "run_dir": str(run_dir), **config})
+        self.wandb = importlib.import_module("wandb") if args.track else None  # optional: imported only when asked
+        if self.wandb is not None:
+            self.wandb.init(project=args.wandb_project_name, config={**asdict(args), **config}, sync_tensorboard=True,
+                            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
+        # purge_step: points after the checkpoint's step came from after the save; hide them on resume.
+        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        if not resumed:
+            table = "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **config}.items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        self.recent: deque = deque(maxlen=20)
+        self.loop_start = self.loop_end = self.last_print = time.time()
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        self.writer.close()
+        if self.wandb is not None:
+            failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
+            self.wandb.finish(exit_code=1 if failed else 0)
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        self.scalars(step, {"charts/episodic_return": episodic_return, "charts/episodic_length": length})
+        self.recent.append(float(episodic_return))
+
+    def sps(self, step: int) -> float:
+        self.loop_end = time.time()
+        return (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9)
+
+    def progress(self, step: int, total_steps: int) -> None:
+        if time.time() - self.last_print < 5:
+            return
+        self.last_print = time.time()
+        sps = self.sps(step)
+        ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+        eta = (total_steps - step) / max(sps, 1e-9)
+        print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
+
+    def check_finite(self, value: torch.Tensor, step: int) -> None:
+        if not torch.isfinite(value).all():
+            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try a lower --learning-rate")
+
+    def interrupted(self, step: int) -> None:
+        print(f"interrupted: checkpoint saved at step {step:,} to {self.checkpoint}; continue with --resume {self.checkpoint}", flush=True)
+
+    def summary(self, step: int, returns: list[float], **extra) -> None:
+        """summary.json, written only by a finished run (its presence means "finished")."""
+        write_json(self.run_dir / "summary.json", {
+            "script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed, "global_step": step,
+            **eval_stats(returns), "wall_time_s": time.time() - PROCESS_START,
+            "sps": (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra})
+        print(f"done: {step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {self.run_dir}", flush=True)
 
 if __name__ == "__main__":
     train(tyro.cli(Args))
