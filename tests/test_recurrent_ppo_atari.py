@@ -1,0 +1,411 @@
+"""Tests of algos/recurrent_ppo_atari.py.
+
+The property that makes recurrent PPO correct: replaying a stored rollout through the training
+path gives the log-probabilities and values recorded while acting, with whole-rollout sequences
+and with --seq-len chunks, with episode starts (game over, life loss, time limit) inside chunks;
+the acting path against an independent per-env, per-step loop (including V(final observation) on
+truncation); a reset at an episode start equals a fresh sequence from there, with one nn.LSTM call
+per span. A scripted fake of AtariVectorEnv (SameStep autoreset) drives these and the in-process
+runs: resume equivalence (same weights and metrics as the uninterrupted run), the non-finite-loss
+stop, evaluation (capped games, its own RNG). Tiny runs on the real emulator by subprocess: outputs,
+determinism with a different-seed control, copy-alone on a v5 id with --frame-stack 4, eval-only
+with video. Every bad-input message. (The CUDA test lives with the lead's cross-file CUDA tests.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical
+
+from conftest import ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars, summary
+
+SCRIPT = "recurrent_ppo_atari.py"
+TINY = ("--num-envs", "2", "--num-steps", "32", "--seq-len", "8", "--num-minibatches", "2", "--update-epochs", "2",
+        "--eval-episodes", "1", "--max-episode-frames", "2000", "--lstm-hidden-size", "32")
+
+spec = importlib.util.spec_from_file_location("recurrent_ppo_atari", ALGOS / SCRIPT)
+rppo = importlib.util.module_from_spec(spec)
+sys.modules["recurrent_ppo_atari"] = rppo  # dataclasses resolve string annotations through it
+spec.loader.exec_module(rppo)
+
+
+# ------------------------------------------------------------------ a scripted AtariVectorEnv
+class FakeAtari:
+    """AtariVectorEnv's interface with SameStep autoreset. Frames are pseudo-random functions of
+    (clock, env, whether it is an ended game's last frame), so a restart at the same clock shows
+    the same frames; `events(c, i)` names what ends with env i's step from clock c:
+    "life" (a life lost, the game goes on), "over" (game over) or "cut" (time limit)."""
+
+    def __init__(self, num_envs, frame_stack, events, clock=lambda seed: 0, sigterm_at=None):
+        self.num_envs, self.frame_stack, self.events, self.clock = num_envs, frame_stack, events, clock
+        self.single_action_space = gym.spaces.Discrete(4)
+        self.sigterm_at, self.calls, self.finals = sigterm_at, 0, {}
+
+    def frames(self, final=0):
+        return np.stack([np.random.default_rng([self.c, i, final]).integers(0, 256, (self.frame_stack, 84, 84), dtype=np.uint8)
+                         for i in range(self.num_envs)])
+
+    def reset(self, seed):
+        self.c, self.lives = self.clock(seed), np.full(self.num_envs, 3)
+        return self.frames(), {"lives": self.lives.copy()}
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls == self.sigterm_at:
+            signal.raise_signal(signal.SIGTERM)
+        events = [self.events(self.c, i) for i in range(self.num_envs)]
+        self.c += 1
+        reward = ((np.asarray(actions) + self.c) % 3 == 0).astype(np.float64)
+        term, trunc = np.array([e == "over" for e in events]), np.array([e == "cut" for e in events])
+        self.lives -= np.array([e == "life" for e in events])
+        info = {}
+        if (term | trunc).any():
+            info["final_obs"] = self.frames(final=1)  # the ended games' last frames, before the reset
+            self.finals.update({(self.c - 1, i): info["final_obs"][i] for i in np.flatnonzero(term | trunc)})
+        self.lives[term | trunc] = 3
+        info["lives"] = self.lives.copy()
+        return self.frames(), reward, term, trunc, info
+
+    def close(self):
+        pass
+
+
+# env 0: life lost at step 3, time limit at 10, game over at 17; env 1: game over at 5, life lost at 12, time limit at 20
+SCRIPTED = {(3, 0): "life", (10, 0): "cut", (17, 0): "over", (5, 1): "over", (12, 1): "life", (20, 1): "cut"}
+EXPECTED_STARTS = {(0, 0), (0, 1), (4, 0), (11, 0), (18, 0), (6, 1), (13, 1), (21, 1)}
+
+
+class NoLog:
+    def episode(self, step, episodic_return, length):
+        pass
+
+
+def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1):
+    torch.manual_seed(0)
+    agent = rppo.Agent(4, frame_stack, hidden)
+    with torch.no_grad():  # a livelier memory than at init, so a missed reset would show
+        agent.lstm.weight_hh_l0.mul_(3.0)
+        agent.actor.weight.mul_(100.0)
+    envs = FakeAtari(2, frame_stack, lambda c, i: SCRIPTED.get((c, i)))
+    ro = rppo.Rollout(T, 2, seq_len, frame_stack, hidden, torch.device("cpu"))
+    obs, info = envs.reset(seed=0)
+    ro.restart(obs, info["lives"], agent)
+    assert rppo.collect(agent, envs, ro, 0, NoLog()) == 2 * T
+    return agent, envs, ro
+
+
+def stepwise(agent, obs, state, starts):
+    """Independent reference (CleanRL's loop): one LSTM step at a time, state multiplied by 1 - start."""
+    (h, c), outs = state, []
+    for t in range(len(starts)):
+        keep = (1.0 - starts[t]).view(1, -1, 1)
+        out, (h, c) = agent.lstm(agent.network(obs[t].float() / 255.0)[None], (h * keep, c * keep))
+        outs.append(out[0])
+    out = torch.stack(outs)
+    return agent.actor(out), agent.critic(out).squeeze(-1), (h, c)
+
+
+# ------------------------------------------------------------------ acting and replay
+def test_acting_matches_a_per_env_per_step_loop():
+    agent, envs, ro = scripted_rollout(seq_len=24)
+    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS
+    assert ro.terminals[:, 0].nonzero()[0].tolist() == [3, 17] and ro.truncations[:, 0].nonzero()[0].tolist() == [10]
+    assert ro.terminals[:, 1].nonzero()[0].tolist() == [5, 12] and ro.truncations[:, 1].nonzero()[0].tolist() == [20]
+    with torch.no_grad():
+        for n in range(2):  # batch of one env, one step at a time
+            h = c = torch.zeros(1, 1, 16)
+            for t in range(24):
+                if ro.starts[t, n]:
+                    h, c = torch.zeros_like(h), torch.zeros_like(c)
+                out, (h, c) = agent.lstm(agent.network(ro.obs[t, n][None].float() / 255.0)[None], (h, c))
+                logp = agent.actor(out[0, 0]).log_softmax(-1)[ro.actions[t, n]]
+                torch.testing.assert_close(logp, ro.logprobs[t, n], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(agent.critic(out[0, 0])[0], ro.values[t, n], rtol=1e-5, atol=1e-5)
+                if ro.truncations[t, n]:  # V(real final frame), one more step from the episode's own state
+                    final = torch.from_numpy(envs.finals[(t, n)])[None].float() / 255.0
+                    v_final = agent.critic(agent.lstm(agent.network(final)[None], (h, c))[0][0, 0])[0]
+                    torch.testing.assert_close(ro.trunc_values[t, n], v_final, rtol=1e-5, atol=1e-5)
+                else:
+                    assert ro.trunc_values[t, n] == 0
+    assert (ro.trunc_values != 0).sum() == 2
+
+
+@pytest.mark.parametrize("seq_len", [24, 8])
+def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, monkeypatch):
+    """`update` with a zero learning rate: every minibatch sees the log-probs and values recorded
+    while acting. With 8-step chunks, episode starts fall inside chunks (steps 4, 6, 11, 13, 18, 21)."""
+    agent, _, ro = scripted_rollout(seq_len)
+    seen, real = [], rppo.ppo_losses
+
+    def spy(new_logprob, old_logprob, adv, new_value, old_value, *rest):
+        seen.append((new_logprob.detach().clone(), old_logprob, new_value.detach().clone(), old_value))
+        return real(new_logprob, old_logprob, adv, new_value, old_value, *rest)
+
+    monkeypatch.setattr(rppo, "ppo_losses", spy)
+    args = rppo.Args(num_envs=2, num_steps=24, seq_len=seq_len, num_minibatches=2, update_epochs=2)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.0)
+    zeros = torch.zeros(24, 2)
+    rppo.update(agent, optimizer, ro, zeros, zeros, args, torch.Generator().manual_seed(0))
+    assert len(seen) == 4 and seen[0][0].shape == (seq_len, 48 // seq_len // 2)
+    for new_logprob, old_logprob, new_value, old_value in seen:
+        torch.testing.assert_close(new_logprob, old_logprob, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(new_value, old_value, rtol=1e-5, atol=1e-5)
+    # and all sequences at once, against the rollout's own layout
+    with torch.no_grad():
+        logits, values, _ = agent(ro.sequences(ro.obs), (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
+                                  ro.sequences(torch.from_numpy(ro.starts)))
+    torch.testing.assert_close(Categorical(logits=logits).log_prob(ro.sequences(ro.actions)), ro.sequences(ro.logprobs), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(values, ro.sequences(ro.values), rtol=1e-5, atol=1e-5)
+
+
+def test_replay_without_the_resets_would_differ():
+    """Control: the same replay with the start flags cleared no longer matches (the test can fail)."""
+    agent, _, ro = scripted_rollout(seq_len=8)
+    with torch.no_grad():
+        _, values, _ = agent(ro.sequences(ro.obs), (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
+                             torch.zeros(8, 6))
+    assert (values - ro.sequences(ro.values)).abs().max() > 1e-3
+
+
+def test_sequences_layout():
+    ro = rppo.Rollout(6, 2, 3, 1, 4, "cpu")
+    x = torch.arange(12).view(6, 2)  # x[t, n] = 2 t + n
+    seqs = ro.sequences(x)  # sequence k = j N + n: env n's steps 3 j .. 3 j + 2
+    assert seqs.T.tolist() == [[0, 2, 4], [1, 3, 5], [6, 8, 10], [7, 9, 11]]
+
+
+def test_reset_at_start_equals_fresh_sequence_and_one_lstm_call_per_span():
+    torch.manual_seed(1)
+    agent = rppo.Agent(6, 2, 8)
+    with torch.no_grad():
+        agent.lstm.weight_hh_l0.mul_(3.0)
+    obs = torch.randint(0, 256, (10, 3, 2, 84, 84), dtype=torch.uint8)
+    state = (torch.randn(1, 3, 8), torch.randn(1, 3, 8))
+    starts = torch.zeros(10, 3)
+    starts[0, 0] = starts[3, 1] = starts[3, 2] = starts[6, 0] = 1.0
+    calls = []
+    agent.lstm.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    with torch.no_grad():
+        logits, values, (h, c) = agent(obs, state, starts)
+        assert calls == [3, 3, 4]  # spans [0, 3), [3, 6), [6, 10): starts at 3 and 6 cut the batch
+        ref_logits, ref_values, (ref_h, ref_c) = stepwise(agent, obs, state, starts)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(values, ref_values, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
+        fresh_logits, fresh_values, _ = agent(obs[3:, 1:2], agent.initial_state(1, "cpu"), torch.zeros(7, 1))
+        torch.testing.assert_close(logits[3:, 1:2], fresh_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(values[3:, 1:2], fresh_values, rtol=1e-5, atol=1e-5)
+        _, no_reset_values, _ = agent(obs[:, 1:2], (state[0][:, 1:2], state[1][:, 1:2]), torch.zeros(10, 1))
+    assert (no_reset_values[3:] - fresh_values).abs().max() > 1e-4  # the reset mattered
+
+
+# ------------------------------------------------------------------ math
+def test_gae_hand_computed_with_life_loss_and_truncation():
+    # gamma = lambda = 0.5. Env 0: life loss at t=1, time limit at t=2 with V(final obs) = 10.
+    t = lambda rows: torch.tensor(rows, dtype=torch.float32)  # noqa: E731
+    values = t([[1, 0], [2, 0], [3, 0], [4, 0]])
+    adv, ret = rppo.gae(t([[1, 0], [0, 0], [1, 0], [1, 1]]), values, t([5, 2]), t([[0, 0], [1, 0], [0, 0], [0, 0]]),
+                        t([[0, 0], [0, 0], [1, 0], [0, 0]]), t([[0, 0], [0, 0], [10, 0], [0, 0]]), 0.5, 0.5)
+    expected = t([[0.5, 0.03125], [-2, 0.125], [3, 0.5], [-0.5, 2]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected + values)
+
+
+def test_learning_flags():
+    term, trunc = np.array([False, False, True, False, True]), np.array([False, False, False, True, True])
+    terminal, cut = rppo.learning_flags(term, trunc, np.array([3, 2, 5, 5, 5]), np.array([3, 3, 1, 2, 1]))
+    assert terminal.tolist() == [False, True, True, False, True] and cut.tolist() == [False, False, False, True, False]
+
+
+def test_orthogonal_lstm_zero_biases_and_frame_stack():
+    agent = rppo.Agent(4, 4, 32)
+    w = agent.lstm.weight_hh_l0.detach()  # (4H, H): orthonormal columns
+    torch.testing.assert_close(w.T @ w, torch.eye(32), rtol=1e-4, atol=1e-4)
+    assert agent.lstm.bias_ih_l0.abs().sum() == 0 and agent.lstm.bias_hh_l0.abs().sum() == 0
+    assert agent.network[0].in_channels == 4 and agent.actor.in_features == 32
+
+
+@pytest.mark.parametrize("env_id, game, sticky", [
+    ("BreakoutNoFrameskip-v4", "breakout", 0.0), ("ALE/Pitfall2-v5", "pitfall2", 0.25),
+    ("ALE/TicTacToe3D-v5", "tic_tac_toe_3d", 0.25), ("MsPacmanNoFrameskip-v4", "ms_pacman", 0.0),
+])
+def test_atari_protocol(env_id, game, sticky):
+    assert rppo.atari_protocol(env_id) == (game, sticky)
+
+
+# ------------------------------------------------------------------ evaluation
+def test_evaluate_counts_capped_games_and_keeps_training_rng():
+    events = {(4, 0): "cut", (2, 1): "life", (6, 1): "over", (1, 2): "over"}
+    envs = FakeAtari(3, 1, lambda c, i: events.get((c, i)))
+    torch.manual_seed(0)
+    agent, before = rppo.Agent(4, 1, 8), torch.get_rng_state()
+    scores, capped = rppo.evaluate(agent, envs, 10_001, "cpu")
+    assert capped == 1 and envs.c == 7  # the games end at steps 4 (cut), 6 and 1
+    assert torch.equal(torch.get_rng_state(), before)
+    again = FakeAtari(3, 1, lambda c, i: events.get((c, i)))
+    assert rppo.evaluate(agent, again, 10_001, "cpu") == (scores, capped)
+
+
+# ------------------------------------------------------------------ in process on the fake env
+def periodic(c, i):
+    return "over" if c % 32 == 31 else None  # every game ends with a rollout of 32 steps
+
+
+def fake_factory(sigterm_at=None):
+    """make_envs stand-in: clock = step count / 2 envs, so a resumed run (reset seeded seed + step) sees the same frames."""
+    return lambda game, sticky, n, max_frames, frame_stack: FakeAtari(n, frame_stack, periodic, lambda seed: (seed - 1) // 2,
+                                                                      sigterm_at if n == 2 else None)
+
+
+FAKE_ARGS = dict(num_envs=2, num_steps=32, seq_len=8, num_minibatches=2, update_epochs=2, eval_episodes=1,
+                 lstm_hidden_size=16, device="cpu", checkpoint_interval=0)
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, restore_signals, capsys):
+    """Games end with each rollout, so the restart on resume is where the uninterrupted run's games
+    restart too: weights, optimizer, RNG and schedule must then give identical results."""
+    monkeypatch.setattr(rppo, "make_envs", fake_factory())
+    rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, run_dir=str(tmp_path / "a")))
+    monkeypatch.setattr(rppo, "make_envs", fake_factory(sigterm_at=10))
+    rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, run_dir=str(tmp_path / "b")))
+    assert "interrupted: checkpoint saved at step 64" in capsys.readouterr().out
+    assert not (tmp_path / "b" / "summary.json").exists()
+    monkeypatch.setattr(rppo, "make_envs", fake_factory())
+    rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, resume=str(tmp_path / "b" / "checkpoints" / "latest.pt")))
+    a, b = (torch.load(tmp_path / r / "checkpoints" / "latest.pt", weights_only=True) for r in "ab")
+    assert a["global_step"] == b["global_step"] == 128 and a["horizon"] == b["horizon"] == 128
+    for name, tensor in a["agent"].items():
+        assert torch.equal(tensor, b["agent"][name]), name
+    assert torch.equal(a["optimizer"]["state"][0]["exp_avg_sq"], b["optimizer"]["state"][0]["exp_avg_sq"])
+    for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl", "charts/learning_rate",
+                "charts/episodic_return", "eval/episodic_return"):
+        assert scalars(tmp_path / "a", tag) == scalars(tmp_path / "b", tag), tag
+    assert summary(tmp_path / "a")["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
+
+
+def test_resume_keeps_the_schedule_horizon(tmp_path, monkeypatch):
+    monkeypatch.setattr(rppo, "make_envs", fake_factory())
+    rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, run_dir=str(tmp_path / "a")))
+    rppo.train(rppo.Args(**FAKE_ARGS, total_steps=256, resume=str(tmp_path / "a" / "checkpoints" / "latest.pt")))
+    lrs = [lr for _, lr in scalars(tmp_path / "a", "charts/learning_rate")]
+    assert lrs == pytest.approx([2.5e-4, 1.25e-4, 0.0, 0.0])  # annealed over the first 128 steps, never back up
+
+
+def test_non_finite_loss_stops_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(rppo, "make_envs", fake_factory())
+    with pytest.raises(SystemExit, match="recurrent_ppo_atari.py: error: non-finite loss at step 64"):
+        rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, learning_rate=1e38, anneal_lr=False, run_dir=str(tmp_path / "r")))
+    assert not (tmp_path / "r" / "summary.json").exists() and not (tmp_path / "r" / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(seq_len=48), "--seq-len 48 does not divide --num-steps 128"),
+    (dict(num_envs=3, num_minibatches=4), "3 sequences per rollout (num_envs * num_steps / seq_len) do not split into --num-minibatches 4"),
+    (dict(num_envs=2, seq_len=32, num_minibatches=3), "8 sequences per rollout"),
+    (dict(seq_len=0), "--seq-len must be positive"),
+    (dict(num_envs=0), "--num-envs must be positive"),
+    (dict(num_minibatches=0), "--num-minibatches must be positive"),
+    (dict(frame_stack=0), "--frame-stack must be positive"),
+    (dict(lstm_hidden_size=-1), "--lstm-hidden-size must be positive"),
+    (dict(learning_rate=0.0), "--learning-rate must be positive"),
+    (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
+    (dict(gamma=1.5), "--gamma and --gae-lambda must be in [0, 1]"),
+    (dict(total_steps=100), "--total-steps 100 is less than one rollout (num_envs * num_steps = 1024)"),
+    (dict(env_id="CartPole-v1"), "not an Atari game of ale_py"),
+    (dict(env_id="Breakout-v4"), "use BreakoutNoFrameskip-v4 or ALE/Breakout-v5"),
+    (dict(env_id="Breakout-ram-v4"), "use BreakoutNoFrameskip-v4 or ALE/Breakout-v5"),
+    (dict(env_id="FooBarNoFrameskip-v4"), "not an Atari game of ale_py"),
+    (dict(eval_only=True), "--eval-only needs --checkpoint"),
+    (dict(resume="/nonexistent/latest.pt"), "does not exist"),
+])
+def test_bad_args(kwargs, fragment, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        rppo.train(rppo.Args(**{"run_dir": str(tmp_path / "r"), **kwargs}))
+    message = str(info.value.code)
+    assert message.startswith("recurrent_ppo_atari.py: error:") and fragment in message, message
+    assert not (tmp_path / "r").exists()  # nothing half-written
+
+
+def test_checkpoint_refusals(tmp_path):
+    args = rppo.Args(seq_len=8, num_steps=32, num_envs=2)
+    path = tmp_path / "run" / "checkpoints" / "latest.pt"
+    rppo.save_checkpoint(path, args, 64, {"agent": {}})
+    for kwargs, fragment in [(dict(seq_len=16), "was made with --seq-len 8, not 16; pass --seq-len 8"),
+                             (dict(seq_len=8, frame_stack=4), "--frame-stack 1, not 4"),
+                             (dict(seq_len=8, env_id="ALE/Pong-v5"), "is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"),
+                             (dict(seq_len=8, num_steps=16, total_steps=32), "--total-steps 32 is below the checkpoint's step 64")]:
+        with pytest.raises(SystemExit, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+            rppo.train(rppo.Args(**{"num_steps": 32, "num_envs": 2, "num_minibatches": 2, **kwargs}, resume=str(path)))
+    (tmp_path / "other.pt").parent.mkdir(exist_ok=True)
+    torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 0}, tmp_path / "other.pt")
+    with pytest.raises(SystemExit, match="written by ppo_atari.py, not recurrent_ppo_atari.py"):
+        rppo.train(rppo.Args(eval_only=True, checkpoint=str(tmp_path / "other.pt")))
+
+
+# ------------------------------------------------------------------ end-to-end on the emulator, by subprocess
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("base") / "run"
+    proc = run_script(SCRIPT, *TINY, "--total-steps", "192", "--run-dir", str(run_dir))
+    check_ok(proc)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_run_outputs(base_run):
+    s = summary(base_run)
+    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
+                "eval_returns", "wall_time_s", "sps", "peak_rss_mb", "capped_games"):
+        assert key in s, key
+    assert s["script"] == SCRIPT and s["global_step"] == 192 and s["eval_episodes"] == 1
+    for tag in ("charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
+                "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "eval/episodic_return", "eval/capped_games"):
+        assert scalars(base_run, tag), tag
+    assert [step for step, _ in scalars(base_run, "losses/value_loss")] == [64, 128, 192]
+    assert [lr for _, lr in scalars(base_run, "charts/learning_rate")] == pytest.approx([2.5e-4 * (1 - k / 3) for k in range(3)])
+    ckpt = torch.load(base_run / "checkpoints" / "latest.pt", weights_only=True)
+    assert ckpt["algo"] == "recurrent_ppo_atari" and ckpt["iteration"] == 3 and ckpt["horizon"] == 192
+    assert ckpt["agent"]["lstm.weight_hh_l0"].shape == (128, 32) and ckpt["agent"]["network.0.weight"].shape[1] == 1
+    assert set(ckpt["rng"]) == {"torch", "minibatch"}
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics_other_seed_differs(base_run, tmp_path):
+    check_ok(run_script(SCRIPT, *TINY, "--total-steps", "192", "--run-dir", str(tmp_path / "b")))
+    for tag in ("losses/value_loss", "losses/policy_loss", "losses/entropy", "charts/episodic_return"):
+        assert scalars(base_run, tag) == scalars(tmp_path / "b", tag), tag
+    assert summary(base_run)["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
+    check_ok(run_script(SCRIPT, *TINY, "--total-steps", "64", "--seed", "2", "--run-dir", str(tmp_path / "c")))
+    assert scalars(base_run, "losses/value_loss")[0] != scalars(tmp_path / "c", "losses/value_loss")[0]
+
+
+@pytest.mark.slow
+def test_eval_only_repeats_the_final_evaluation(base_run, restore_signals):
+    check_eval_only_after_move(base_run, lambda path: rppo.train(rppo.Args(eval_only=True, checkpoint=path, eval_episodes=1)), 1)
+
+
+@pytest.mark.slow
+def test_copied_alone_runs_v5_with_frame_stack_and_video(tmp_path):
+    script = copy_alone(SCRIPT, tmp_path / "alone")
+    proc = run_script(script, *TINY, "--env-id", "ALE/Breakout-v5", "--frame-stack", "4", "--total-steps", "64",
+                      "--capture-video", cwd=tmp_path / "alone")
+    check_ok(proc)
+    (run_dir,) = (tmp_path / "alone" / "runs").iterdir()
+    assert run_dir.name.startswith("ALE-Breakout-v5__recurrent_ppo_atari__1__")
+    assert json.loads((run_dir / "config.json").read_text())["repeat_action_probability"] == 0.25
+    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["agent"]["network.0.weight"].shape[1] == 4
+    assert summary(run_dir)["video_return"] >= 0 and list((run_dir / "videos").glob("*.mp4"))
+
+
+@pytest.mark.slow
+def test_cli_error_is_one_line():
+    check_error(run_script(SCRIPT, "--num-envs", "2", "--seq-len", "48"), "recurrent_ppo_atari.py: error:", "--seq-len 48 does not divide")
