@@ -122,7 +122,7 @@ class Args:
     env_id: str = "CartPole-v1"
     """Gymnasium id of an environment with discrete actions and flat observations"""
     seed: int = 1
-    """seed of python, numpy, torch and the environments"""
+    """seed of torch and the environments"""
     total_steps: int = 50_000
     """environment steps in total (summed over envs)"""
     num_envs: int = 8
@@ -484,7 +484,8 @@ def restore(ckpt: dict, agent, optimizer, aux_optimizer, envs, carry: dict, aux:
         carry.update({name: ckpt[name].numpy().copy() for name in ("autoreset", "ep_return", "ep_length")})
         carry["obs"] = ckpt["next_obs"].to(device)
     else:
-        carry["obs"] = torch.as_tensor(envs.reset(seed=ckpt["args"]["seed"] + ckpt["iteration"])[0], dtype=torch.float32, device=device)
+        obs, _ = envs.reset(seed=ckpt["args"]["seed"] + ckpt["iteration"])
+        carry["obs"] = torch.as_tensor(obs, dtype=torch.float32, device=device)
     set_rng_state(ckpt["rng"], torch=torch.default_generator)
     counters = {name: ckpt[name] for name in ("iteration", "phase_iteration", "aux_phases", "train_time_s", "aux_time_s")}
     return {"moments": ckpt["reward_moments"], "ret": ckpt["reward_ret"].to(device)}, counters
@@ -497,10 +498,12 @@ def train(args: Args) -> None:
     check_args(args, [(getattr(args, n) >= 1, f"--{n.replace('_', '-')} must be at least 1, got {getattr(args, n)}") for n in positive] + [
         (min(args.e_v, args.e_aux, args.anneal_steps) >= 0, "--e-v, --e-aux and --anneal-steps must not be negative"),
         (args.e_v > 0 or args.e_aux > 0, "--e-v 0 with --e-aux 0 never trains the value function; raise one of them"),
-        (min(args.learning_rate, args.aux_learning_rate, args.adam_eps) > 0, "--learning-rate, --aux-learning-rate and --adam-eps must be positive"),
-        (batch_size % args.num_minibatches == 0, f"--num-minibatches {args.num_minibatches} does not divide num-envs x num-steps = {batch_size}; pick a divisor"),
-        (not args.e_aux or args.n_pi * batch_size % args.aux_num_minibatches == 0,
-         f"--aux-num-minibatches {args.aux_num_minibatches} does not divide n-pi x num-envs x num-steps = {args.n_pi * batch_size}; pick a divisor"),
+        (min(args.learning_rate, args.aux_learning_rate, args.adam_eps) > 0,
+         "--learning-rate, --aux-learning-rate and --adam-eps must be positive"),
+        (batch_size % args.num_minibatches == 0,
+         f"--num-minibatches {args.num_minibatches} does not divide num-envs x num-steps = {batch_size}; pick a divisor"),
+        (not args.e_aux or args.n_pi * batch_size % args.aux_num_minibatches == 0, f"--aux-num-minibatches "
+         f"{args.aux_num_minibatches} does not divide n-pi x num-envs x num-steps = {args.n_pi * batch_size}; pick a divisor"),
         (args.resume or args.eval_only or args.total_steps >= batch_size,
          f"--total-steps {args.total_steps} is below one rollout (num-envs x num-steps = {batch_size}); raise it"),
     ])
@@ -526,22 +529,23 @@ def train(args: Args) -> None:
     buf.update(obs=torch.zeros((T, N, obs_dim), device=device), actions=torch.zeros((T, N), dtype=torch.long, device=device))
     # Samples kept for the auxiliary phase: states, V_targ and the valid mask of N_pi rollouts.
     n_store = args.n_pi if args.e_aux else 0
-    aux = {"obs": torch.zeros((n_store, batch_size, obs_dim), device=device), "vtarg": torch.zeros((n_store, batch_size), device=device),
-           "valid": torch.zeros((n_store, batch_size), device=device)}
+    aux = {"obs": torch.zeros((n_store, batch_size, obs_dim), device=device),
+           "vtarg": torch.zeros((n_store, batch_size), device=device), "valid": torch.zeros((n_store, batch_size), device=device)}
     carry = {"obs": torch.as_tensor(envs.reset(seed=args.seed)[0], dtype=torch.float32, device=device),
              "autoreset": np.zeros(N, dtype=bool), "ep_return": np.zeros(N), "ep_length": np.zeros(N, dtype=np.int64)}
     reward_norm = {"moments": [0, 0.0, 1.0], "ret": torch.zeros(N, device=device)}
-    c = {"iteration": 0, "phase_iteration": 0, "aux_phases": 0, "train_time_s": 0.0, "aux_time_s": 0.0, "anneal_steps": anneal_steps}
+    counters = {"iteration": 0, "phase_iteration": 0, "aux_phases": 0, "train_time_s": 0.0, "aux_time_s": 0.0,
+                "anneal_steps": anneal_steps}
     if ckpt:
         reward_norm, restored = restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, device)
-        c.update(restored)
-    global_step, num_iterations = c["iteration"] * batch_size, args.total_steps // batch_size
+        counters.update(restored)
+    global_step, num_iterations = counters["iteration"] * batch_size, args.total_steps // batch_size
     stop = StopSignal()
     with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None) as log:
-        while c["iteration"] < num_iterations:
-            c["iteration"] += 1
+        while counters["iteration"] < num_iterations:
+            counters["iteration"] += 1
             t_iter = time.time()
-            frac = 1.0 - (c["iteration"] - 1) / (anneal_steps // batch_size) if args.anneal_lr else 1.0
+            frac = 1.0 - (counters["iteration"] - 1) / (anneal_steps // batch_size) if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
             aux_optimizer.param_groups[0]["lr"] = frac * args.aux_learning_rate
 
@@ -552,29 +556,32 @@ def train(args: Args) -> None:
                 batch, reward_norm = make_batch(buf, agent(carry["obs"])[1], reward_norm, args)
             stats, aux_stats = policy_phase(agent, optimizer, batch, args), {}
             if args.e_aux:
-                k = c["phase_iteration"]
+                k = counters["phase_iteration"]
                 aux["obs"][k], aux["vtarg"][k], aux["valid"][k] = batch["obs"], batch["returns"], batch["valid"]
-                c["phase_iteration"] += 1
-            if args.e_aux and c["phase_iteration"] == args.n_pi:
+                counters["phase_iteration"] += 1
+            if args.e_aux and counters["phase_iteration"] == args.n_pi:
                 t_aux = time.time()
-                aux_stats = auxiliary_phase(agent, aux_optimizer, aux["obs"].flatten(0, 1), aux["vtarg"].flatten(), aux["valid"].flatten(), args)
-                c["phase_iteration"], c["aux_phases"] = 0, c["aux_phases"] + 1
-                c["aux_time_s"] += time.time() - t_aux
-            c["train_time_s"] += time.time() - t_iter
+                aux_stats = auxiliary_phase(agent, aux_optimizer, aux["obs"].flatten(0, 1), aux["vtarg"].flatten(),
+                                            aux["valid"].flatten(), args)
+                counters["phase_iteration"], counters["aux_phases"] = 0, counters["aux_phases"] + 1
+                counters["aux_time_s"] += time.time() - t_aux
+            counters["train_time_s"] += time.time() - t_iter
 
             log.check_finite(torch.tensor([*stats.values(), *aux_stats.values()]), global_step)
+            explained_var = explained_variance(batch["returns"], buf["values"].flatten(), batch["valid"])
             log.scalars(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
                                       "charts/aux_learning_rate": aux_optimizer.param_groups[0]["lr"],
-                                      **{f"losses/{k}": v for k, v in stats.items()},
-                                      "losses/explained_variance": explained_variance(batch["returns"], buf["values"].flatten(), batch["valid"]),
+                                      **{f"losses/{k}": v for k, v in stats.items()}, "losses/explained_variance": explained_var,
                                       **{f"losses/aux/{k}": v for k, v in aux_stats.items()},
-                                      "charts/aux_phase_time_fraction": c["aux_time_s"] / max(c["train_time_s"], 1e-9),
+                                      "charts/aux_phase_time_fraction": counters["aux_time_s"] / max(counters["train_time_s"], 1e-9),
                                       "charts/SPS": log.sps(global_step)})
-            leaving = bool(stop) or c["iteration"] == num_iterations  # a signal skips the evaluations still due
+            leaving = bool(stop) or counters["iteration"] == num_iterations  # a signal skips the evaluations still due
             if not leaving and every(global_step, global_step - batch_size, args.eval_interval):
-                log.scalars(global_step, {"eval/episodic_return": np.mean(evaluate(agent, args.env_id, args.eval_episodes, args.seed, device))})
+                returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device)
+                log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
             if leaving or every(global_step, global_step - batch_size, args.checkpoint_interval):
-                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, c))
+                state = checkpoint_state(agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters)
+                save_checkpoint(log.checkpoint, args, global_step, state)
             if leaving:
                 break
             log.progress(global_step, args.total_steps)
@@ -583,8 +590,8 @@ def train(args: Args) -> None:
             return log.interrupted(global_step)
         returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed, device, log.run_dir / "videos" if args.capture_video else None)
         log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
-        log.summary(global_step, returns, arch=args.arch, aux_phases=c["aux_phases"],
-                    aux_phase_time_fraction=c["aux_time_s"] / max(c["train_time_s"], 1e-9))
+        log.summary(global_step, returns, arch=args.arch, aux_phases=counters["aux_phases"],
+                    aux_phase_time_fraction=counters["aux_time_s"] / max(counters["train_time_s"], 1e-9))
 
 
 # ---------------------------------------------------------------- evaluation
@@ -611,12 +618,12 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device, video_
 def eval_only(args: Args) -> None:
     """Evaluate --checkpoint with its own env, network and seed: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    c = ckpt["args"]
-    agent = Agent(*check_env(ckpt["env_id"]), c["hidden_dim"], c["arch"]).to(device)
+    saved = ckpt["args"]
+    agent = Agent(*check_env(ckpt["env_id"]), saved["hidden_dim"], saved["arch"]).to(device)
     agent.load_state_dict(ckpt["agent"])
     run_dir = run_dir_for(args, args.checkpoint)
     video_dir = run_dir / "videos" if args.capture_video else None
-    write_eval_only(run_dir, args, ckpt, evaluate(agent, ckpt["env_id"], args.eval_episodes, c["seed"], device, video_dir))
+    write_eval_only(run_dir, args, ckpt, evaluate(agent, ckpt["env_id"], args.eval_episodes, saved["seed"], device, video_dir))
 
 
 # ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).

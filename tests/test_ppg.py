@@ -1,6 +1,8 @@
-"""Tests of algos/ppg.py: GAE with truncation and autoreset, the auxiliary phase's
-losses and gradients per architecture, phase bookkeeping across resume, and the
-usual end-to-end contract (tiny runs, copy-alone, determinism, bad input)."""
+"""Tests of algos/ppg.py: GAE with truncation and autoreset, the rollout on a counting environment
+(valid mask, truncation bootstrap), the auxiliary phase's losses and gradients per architecture,
+resume equivalence (weights, optimizers, metrics, learning-rate horizon), determinism with a
+different-seed control, and the end-to-end contract (tiny runs, copy-alone, signals, W&B exit
+codes, bad input)."""
 
 from __future__ import annotations
 
@@ -8,32 +10,50 @@ import importlib.util
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import types
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
+                      sigterm_on_call, summary)
 
 spec = importlib.util.spec_from_file_location("ppg", ALGOS / "ppg.py")
 ppg = importlib.util.module_from_spec(spec)
 sys.modules["ppg"] = ppg  # dataclasses look the module up while the file executes
 spec.loader.exec_module(ppg)
 
-TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--n-pi", "3",
-        "--e-pi", "2", "--e-v", "2", "--e-aux", "2", "--aux-num-minibatches", "4", "--eval-episodes", "2"]
+TINY_ARGS = dict(num_envs=4, num_steps=16, num_minibatches=2, n_pi=3, e_pi=2, e_v=2, e_aux=2, aux_num_minibatches=4,
+                 eval_episodes=2, hidden_dim=16)
+TINY = [f"--{k.replace('_', '-')}={v}" for k, v in TINY_ARGS.items()]  # the same, for the command line
+LOSS_TAGS = ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/explained_variance",
+             "losses/aux/kl", "losses/aux/aux_value", "losses/aux/value", "charts/learning_rate", "charts/episodic_return"]
 
 
-def tags_equal(dir_a, dir_b, tags):
+def run(run_dir, **kwargs):
+    """train() in this process (the command line's code path without a torch import per run)."""
+    ppg.train(ppg.Args(**{**TINY_ARGS, "run_dir": str(run_dir), "device": "cpu", **kwargs}))
+
+
+def load(run_dir):
+    return torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+
+
+def same_tags(dir_a, dir_b, tags=LOSS_TAGS) -> bool:
     for tag in tags:
-        a, b = scalars(dir_a, tag), scalars(dir_b, tag)
-        assert a, f"no {tag}"
-        assert a == b, f"{tag} differs"
+        assert scalars(dir_a, tag), f"no {tag}"
+    return all(scalars(dir_a, tag) == scalars(dir_b, tag) for tag in tags)
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ------------------------------------------------------------------- math
@@ -89,6 +109,11 @@ def test_reward_scale_statistics_match_numpy():
     assert moments[2] == pytest.approx(allx.var(unbiased=False).item(), rel=1e-5)
 
 
+def make_agent(arch, seed=0):
+    torch.manual_seed(seed)
+    return ppg.Agent(4, 3, 16, arch)
+
+
 def test_gradient_clipping_keeps_policy_and_value_apart():
     agent = make_agent("dual")
     for name, p in agent.named_parameters():  # value side gets a huge gradient
@@ -99,11 +124,6 @@ def test_gradient_clipping_keeps_policy_and_value_apart():
         assert torch.equal(dict(agent.named_parameters())[n].grad, g)
     value_norm = torch.stack([p.grad.norm() for n, p in agent.named_parameters() if n.startswith("v_")]).norm()
     assert value_norm.item() == pytest.approx(0.5, rel=1e-4)
-
-
-def make_agent(arch, seed=0):
-    torch.manual_seed(seed)
-    return ppg.Agent(4, 3, 16, arch)
 
 
 def test_kl_distillation_is_zero_when_policy_matches_pi_old():
@@ -134,7 +154,7 @@ def test_categorical_kl_matches_torch():
     assert torch.allclose(ppg.categorical_kl(a, b), ref, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", ["dual", "shared"])
+@pytest.mark.parametrize("arch", ["dual", "detach", "shared"])
 def test_auxiliary_phase_fits_value_targets_and_keeps_policy(arch):
     agent = make_agent(arch)
     obs = torch.randn(512, 4)
@@ -171,8 +191,12 @@ def grad_groups(agent, loss):
     return groups
 
 
-@pytest.mark.parametrize("arch", ["dual", "shared"])
-def test_each_loss_trains_only_its_parameters(arch):
+@pytest.mark.parametrize("arch, value_groups", [
+    ("dual", {"v_body", "v_head"}),   # separate value network
+    ("detach", {"v_head"}),           # reference `detach`: the value gradient stops at the trunk
+    ("shared", {"pi_body", "v_head"}),  # reference `shared`: the value loss trains the trunk too
+])
+def test_each_loss_trains_only_its_parameters(arch, value_groups):
     agent = make_agent(arch)
     obs = torch.randn(32, 4)
     ones = torch.ones(32)
@@ -181,13 +205,12 @@ def test_each_loss_trains_only_its_parameters(arch):
                                                 torch.randn(32), torch.randn(32), ones, 0.2)
     kl, aux_v, v_aux_phase = ppg.aux_losses(logits, value, aux, torch.randn(32, 3), torch.randn(32), ones)
     policy = {"pi_body", "pi_head"}
-    value_net = {"v_body", "v_head"} if arch == "dual" else {"v_head"}  # shared: trunk detached
     assert grad_groups(agent, pg) == policy
     assert grad_groups(agent, entropy) == policy
-    assert grad_groups(agent, v_loss) == value_net
+    assert grad_groups(agent, v_loss) == value_groups
     assert grad_groups(agent, kl) == policy
     assert grad_groups(agent, aux_v) == {"pi_body", "aux_head"}
-    assert grad_groups(agent, v_aux_phase) == value_net
+    assert grad_groups(agent, v_aux_phase) == value_groups
 
 
 def test_policy_phase_trains_policy_for_e_pi_epochs_only():
@@ -207,15 +230,89 @@ def test_policy_phase_trains_policy_for_e_pi_epochs_only():
         assert same == (not name.startswith("v_")), name
 
 
+# ------------------------------------------------------- rollout on a counting environment
+class CounterEnv(gym.Env):
+    """obs = [t, L]: t counts the episode's steps, reward t at step t; the episode terminates at
+    t = L, L drawn in {2, ..., 5} at reset. Registered with a 4-step time limit, so L = 5 is
+    truncated at t = 4 (and L = 4 ends terminated and truncated at once: terminated wins)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.L = 0, int(self.np_random.integers(2, 6))
+        return np.array([0, self.L], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t, self.L], np.float32), float(self.t), self.t == self.L, False, {}
+
+
+gym.register("PpgCounter-v0", entry_point=CounterEnv, max_episode_steps=4)
+
+
+class CountingValue(torch.nn.Module):
+    """Stands in for the Agent: uniform policy, V([t, L]) = 100 t + L, so V of a final
+    observation differs from V of the reset observation that follows it."""
+
+    def forward(self, x):
+        return torch.zeros(len(x), 2), 100 * x[:, 0] + x[:, 1], torch.zeros(len(x))
+
+
+def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
+    T, N, gamma, lam = 9, 3, 0.9, 0.8
+    envs = ppg.make_envs("PpgCounter-v0", N)
+    torch.manual_seed(0)
+    carry = {"obs": torch.as_tensor(envs.reset(seed=3)[0]), "autoreset": np.zeros(N, bool),
+             "ep_return": np.zeros(N), "ep_length": np.zeros(N, dtype=np.int64)}
+    agent, ends = CountingValue(), {"terminated": 0, "truncated": 0}
+    for _ in range(3):  # episodes cross rollout boundaries: carry holds the running episode
+        buf = {k: torch.zeros(T, N) for k in ("logprobs", "rewards", "values", "terminated", "dones", "valid")}
+        buf.update(obs=torch.zeros(T, N, 2), actions=torch.zeros(T, N, dtype=torch.long))
+        episodes = ppg.rollout(envs, agent, buf, carry)
+        obs = torch.cat([buf["obs"], carry["obs"].unsqueeze(0)])  # obs[t + 1]: what step t returned
+        t_now, L = obs[:-1, :, 0], obs[:-1, :, 1]
+        # The autoreset step is the one taken from an episode's final observation (t = L or t = 4).
+        final = (t_now == L) | (t_now == 4)
+        assert torch.equal(buf["valid"], (~final).float())
+        assert torch.all(buf["rewards"][final] == 0) and torch.all(buf["dones"][final] == 0)
+        A = ppg.gae(buf["rewards"], buf["values"], agent(carry["obs"])[1], buf["terminated"], buf["dones"], gamma, lam)
+        for t in range(T):
+            for i in range(N):
+                if not buf["dones"][t, i]:
+                    continue
+                s, s_next = obs[t, i], obs[t + 1, i]  # s_next: the real final observation, not a reset one
+                assert s_next[0] == s[0] + 1 and s_next[1] == s[1] and buf["rewards"][t, i] == s_next[0]
+                if buf["terminated"][t, i]:
+                    assert s_next[0] == s_next[1]
+                    assert A[t, i].item() == pytest.approx(float(s_next[0] - (100 * s[0] + s[1])), rel=1e-6)
+                    ends["terminated"] += 1
+                else:
+                    assert s_next[0] == 4 and s_next[1] == 5
+                    bootstrap = gamma * (100 * s_next[0] + s_next[1])
+                    assert A[t, i].item() == pytest.approx(float(s_next[0] + bootstrap - (100 * s[0] + s[1])), rel=1e-6)
+                    ends["truncated"] += 1
+        for _, ret, length in episodes:  # an episode of n steps returns 1 + ... + n
+            assert ret == length * (length + 1) / 2 and 2 <= length <= 4
+        batch, _ = ppg.make_batch(buf, agent(carry["obs"])[1], {}, ppg.Args(gamma=gamma, gae_lambda=lam))
+        w = batch["valid"].bool()
+        assert torch.equal(batch["returns"], (A + buf["values"]).flatten())  # V_targ = A_hat + V
+        assert batch["advantages"][w].mean().abs() < 1e-5  # normalised over the valid samples only
+        assert batch["advantages"][w].std(unbiased=False).item() == pytest.approx(1.0, rel=1e-3)
+    envs.close()
+    assert ends["terminated"] >= 3 and ends["truncated"] >= 2
+
+
 # ------------------------------------------------------------ end to end
 @pytest.mark.slow
-def test_tiny_run_outputs_and_checkpoint(tmp_run):
+def test_tiny_run_outputs_checkpoint_and_eval_only(tmp_run):
     check_ok(run_script("ppg.py", "--total-steps", "640", "--eval-interval", "320", "--run-dir", str(tmp_run), *TINY))
     s = summary(tmp_run)
     for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
                 "eval_returns", "wall_time_s", "sps", "peak_rss_mb", "aux_phase_time_fraction"):
         assert key in s, key
-    assert s["script"] == "ppg.py" and s["global_step"] == 640 and s["eval_episodes"] == 2
+    assert (s["script"], s["global_step"], s["eval_episodes"], s["arch"]) == ("ppg.py", 640, 2, "dual")
     assert s["aux_phases"] == 3  # 10 iterations, N_pi 3
     assert json.loads((tmp_run / "config.json").read_text())["n_pi"] == 3
     for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -223,9 +320,12 @@ def test_tiny_run_outputs_and_checkpoint(tmp_run):
         assert scalars(tmp_run, tag), tag
     assert [step for step, _ in scalars(tmp_run, "losses/aux/kl")] == [192, 384, 576]
     assert [step for step, _ in scalars(tmp_run, "eval/episodic_return")] == [320, 640]
-    ckpt = torch.load(tmp_run / "checkpoints" / "latest.pt", weights_only=True)
+    ckpt = load(tmp_run)
     assert ckpt["algo"] == "ppg" and ckpt["global_step"] == 640 and ckpt["phase_iteration"] == 1
-    assert ckpt["aux_obs"].shape == (1, 64, 4) and "aux_optimizer" in ckpt and "optimizer" in ckpt
+    assert ckpt["aux_obs"].shape == (1, 64, 4) and ckpt["anneal_steps"] == 640
+    # The default Adam eps is 1e-5, a documented deviation from the reference's 1e-8 (deviation g).
+    assert ckpt["optimizer"]["param_groups"][0]["eps"] == ckpt["aux_optimizer"]["param_groups"][0]["eps"] == 1e-5
+    assert set(ckpt["rng"]) == {"torch"}  # the only generator drawn from (CUDA's joins it on a GPU)
 
     # --seed and --env-id are the checkpoint's, so this repeats the run's own final evaluation.
     proc = run_script("ppg.py", "--eval-only", "--checkpoint", str(tmp_run / "checkpoints" / "latest.pt"),
@@ -238,42 +338,73 @@ def test_tiny_run_outputs_and_checkpoint(tmp_run):
 
 
 @pytest.mark.slow
-def test_copy_alone_shared_arch(tmp_path):
+def test_copy_alone_detach_arch(tmp_path):
     script = copy_alone("ppg.py", tmp_path / "alone")
-    proc = run_script(script, "--total-steps", "256", "--arch", "shared", "--eval-interval", "0", *TINY,
-                      cwd=tmp_path / "alone")
-    check_ok(proc)
-    (run,) = (tmp_path / "alone" / "runs").iterdir()
-    assert run.name.startswith("CartPole-v1__ppg__1__")
-    assert summary(run)["global_step"] == 256
+    check_ok(run_script(script, "--total-steps", "128", "--arch", "detach", "--eval-interval", "0", *TINY, cwd=tmp_path / "alone"))
+    (run_dir,) = (tmp_path / "alone" / "runs").iterdir()
+    assert run_dir.name.startswith("CartPole-v1__ppg__1__")
+    assert summary(run_dir)["global_step"] == 128 and summary(run_dir)["arch"] == "detach"
 
 
 @pytest.mark.slow
-def test_resume_mid_phase_matches_uninterrupted_run(tmp_path):
-    # --norm-reward: its running statistics must resume too.
-    common = [*TINY, "--no-anneal-lr", "--norm-reward", "--eval-interval", "0", "--checkpoint-interval", "0"]
-    full, part = tmp_path / "full", tmp_path / "part"
-    check_ok(run_script("ppg.py", "--total-steps", "1024", "--run-dir", str(full), *common))
-    check_ok(run_script("ppg.py", "--total-steps", "448", "--run-dir", str(tmp_path / "first"), *common))
-    ckpt = torch.load(tmp_path / "first" / "checkpoints" / "latest.pt", weights_only=True)
-    assert ckpt["phase_iteration"] == 1 and ckpt["aux_phases"] == 2  # 7 iterations: mid-phase
-    # The run folder is moved before the resume: output goes beside the checkpoint, not to the stored path.
-    shutil.move(tmp_path / "first", part)
-    check_ok(run_script("ppg.py", "--total-steps", "1024", "--resume", str(part / "checkpoints" / "latest.pt"), *common))
-    assert summary(part)["global_step"] == 1024 and not (tmp_path / "first").exists()
+def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
+    """Stopped at step 448 (mid-phase: 7 iterations, N_pi 3), moved, resumed to 1024: the same
+    weights, optimizer states, reward statistics, metrics and learning rates as one run to 1024.
+    The first part runs with --anneal-steps 1024, the resume without it: the schedule's horizon
+    comes from the checkpoint."""
+    common = dict(norm_reward=True, eval_interval=0, checkpoint_interval=0)
+    full, first, part = tmp_path / "full", tmp_path / "first", tmp_path / "part"
+    run(full, total_steps=1024, **common)
+    run(first, total_steps=448, anneal_steps=1024, **common)
+    ckpt = load(first)
+    assert ckpt["phase_iteration"] == 1 and ckpt["aux_phases"] == 2
+    shutil.move(first, part)  # the output follows the checkpoint's folder, not a stored path
+    ppg.train(ppg.Args(**{**TINY_ARGS, **common}, total_steps=1024, device="cpu", resume=str(part / "checkpoints" / "latest.pt")))
+    assert summary(part)["global_step"] == 1024 and not first.exists()
     assert [s for s, _ in scalars(part, "losses/aux/kl")] == [192, 384, 576, 768, 960]
-    tags_equal(full, part, ["losses/aux/kl", "losses/aux/aux_value", "losses/aux/value", "losses/policy_loss",
-                            "losses/value_loss", "charts/episodic_return"])
+    assert same_tags(full, part)
+    a, b = load(full), load(part)
+    assert same_tensors(a["agent"], b["agent"])
+    for opt in ("optimizer", "aux_optimizer"):
+        for key, state in a[opt]["state"].items():
+            assert same_tensors(state, b[opt]["state"][key]), opt
+    assert a["reward_moments"] == b["reward_moments"] and torch.equal(a["reward_ret"], b["reward_ret"])
     assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
 
 
-@pytest.mark.slow
-def test_same_seed_same_metrics(tmp_path):
-    dirs = [tmp_path / "a", tmp_path / "b"]
-    for d in dirs:
-        check_ok(run_script("ppg.py", "--total-steps", "384", "--eval-interval", "0", "--run-dir", str(d), *TINY))
-    tags_equal(*dirs, ["losses/policy_loss", "losses/value_loss", "losses/aux/kl", "charts/episodic_return"])
-    assert summary(dirs[0])["eval_returns"] == summary(dirs[1])["eval_returns"]
+def test_resume_beyond_the_learning_rate_horizon(tmp_path, restore_signals):
+    """A resume keeps the horizon at which the annealed rates reach 0: extending the run is refused
+    unless --anneal-steps stretches the schedule (or --no-anneal-lr), never silently restarted."""
+    run(tmp_path / "run", total_steps=128, eval_interval=0)
+    ckpt = str(tmp_path / "run" / "checkpoints" / "latest.pt")
+    message = refused(tmp_path, resume=ckpt, total_steps=256, **TINY_ARGS)
+    assert "--total-steps 256 runs past the learning-rate schedule, which reaches 0 at step 128" in message
+    assert "--anneal-steps 256" in message
+    ppg.train(ppg.Args(**TINY_ARGS, total_steps=256, anneal_steps=256, eval_interval=0, device="cpu", resume=ckpt))
+    lrs = scalars(tmp_path / "run", "charts/learning_rate")
+    assert [s for s, _ in lrs] == [64, 128, 192, 256]
+    assert [v for _, v in lrs] == pytest.approx([1e-3, 5e-4, 1e-3 * 2 / 4, 1e-3 * 1 / 4])
+
+
+def test_same_seed_same_metrics_and_python_numpy_generators_unused(tmp_path, restore_signals, monkeypatch):
+    """Same seed: identical metrics and weights, even with python's and numpy's global generators
+    reseeded after seeding (the file draws from neither); another seed differs (the control)."""
+    run(tmp_path / "a", total_steps=256, eval_interval=0)
+    real_seed = ppg.seed_everything
+
+    def seed_then_disturb(seed, deterministic):
+        real_seed(seed, deterministic)
+        random.seed(12345)
+        np.random.seed(12345)
+
+    monkeypatch.setattr(ppg, "seed_everything", seed_then_disturb)
+    run(tmp_path / "b", total_steps=256, eval_interval=0)
+    monkeypatch.undo()
+    run(tmp_path / "c", total_steps=256, eval_interval=0, seed=2)
+    a, b, c = (tmp_path / n for n in "abc")
+    assert same_tags(a, b) and same_tensors(load(a)["agent"], load(b)["agent"])
+    assert summary(a)["eval_returns"] == summary(b)["eval_returns"]
+    assert not same_tags(a, c) and not same_tensors(load(a)["agent"], load(c)["agent"])
 
 
 @pytest.mark.slow
@@ -287,27 +418,113 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_run):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "checkpoint saved" in out
-    ckpt = torch.load(tmp_run / "checkpoints" / "latest.pt", weights_only=True)
-    assert 0 < ckpt["global_step"] < 10_000_000
+    assert 0 < load(tmp_run)["global_step"] < 10_000_000
     assert not (tmp_run / "summary.json").exists()
 
 
-# ------------------------------------------------------------- bad input
-@pytest.mark.parametrize("args, fragments", [
-    (["--env-id", "NoSuchEnv-v9"], ["unknown environment", "NoSuchEnv-v9"]),
-    (["--num-minibatches", "3"], ["--num-minibatches", "does not divide"]),
-])
-def test_bad_input_one_line_on_stderr(args, fragments, tmp_run):
-    check_error(run_script("ppg.py", "--run-dir", str(tmp_run), *args), *fragments)
-    assert not tmp_run.exists()
-
-
-def refused(tmp_path, **kwargs) -> str:
-    """The SystemExit message of train(Args(**kwargs)) (in-process: the same code path
-    as the command line, without a torch import per case); nothing may be written."""
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (issue 8: run on a GPU machine)")
+def test_cuda_train_resume_on_cuda_and_evaluate_on_cpu(tmp_path):
+    """The CUDA resume crash (a checkpoint loaded onto the GPU, then turned into numpy) stays fixed."""
     run_dir = tmp_path / "run"
+    ckpt = str(run_dir / "checkpoints" / "latest.pt")
+    check_ok(run_script("ppg.py", "--device", "cuda", "--total-steps", "256", "--anneal-steps", "512", "--norm-reward",
+                        "--run-dir", str(run_dir), *TINY))
+    assert load(run_dir)["phase_iteration"] == 1 and "cuda" in load(run_dir)["rng"]
+    check_ok(run_script("ppg.py", "--device", "cuda", "--total-steps", "512", "--norm-reward", "--resume", ckpt, *TINY))
+    assert summary(run_dir)["global_step"] == 512
+    check_ok(run_script("ppg.py", "--eval-only", "--checkpoint", ckpt, "--device", "cpu", "--eval-episodes", "2"))
+    assert json.loads((run_dir / "eval.json").read_text())["eval_returns"] == summary(run_dir)["eval_returns"]
+
+
+@pytest.mark.filterwarnings("ignore:.*meta parameter")  # the agent's weights are not the point here
+def test_restore_moves_every_tensor_to_the_device(tmp_path, restore_signals):
+    """The checkpoint is read on the CPU; restore() moves what it holds to the run's device. Checked
+    with the meta device, which CPU-only machines have: any tensor left on the CPU shows."""
+    run(tmp_path / "run", total_steps=256, eval_interval=0, norm_reward=True)
+    ckpt = ppg.load_checkpoint(str(tmp_path / "run" / "checkpoints" / "latest.pt"))
+    meta = torch.device("meta")
+    agent = ppg.Agent(4, 2, TINY_ARGS["hidden_dim"], "dual").to(meta)
+    optimizers = [torch.optim.Adam(agent.parameters(), lr=1e-3) for _ in range(2)]
+    envs = ppg.make_envs("CartPole-v1", TINY_ARGS["num_envs"])
+    batch_size = TINY_ARGS["num_envs"] * TINY_ARGS["num_steps"]
+    aux = {"obs": torch.zeros(3, batch_size, 4, device=meta), "vtarg": torch.zeros(3, batch_size, device=meta),
+           "valid": torch.zeros(3, batch_size, device=meta)}
+    carry = {"obs": None, "autoreset": None, "ep_return": None, "ep_length": None}
+    reward_norm, counters = ppg.restore(ckpt, agent, *optimizers, envs, carry, aux, meta)
+    envs.close()
+    assert carry["obs"].device == reward_norm["ret"].device == meta
+    assert all(state.device == meta for opt in optimizers for s in opt.state.values() for k, state in s.items() if k != "step")
+    assert counters["phase_iteration"] == 1 and isinstance(carry["autoreset"], np.ndarray)
+
+
+# ------------------------------------------- in process: signals, W&B exit codes, intervals
+def test_wandb_finishes_with_0_on_success(tmp_path, fake_wandb, restore_signals):
+    run(tmp_path / "run", total_steps=128, eval_interval=0, track=True, adam_eps=1e-8)
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter exists
+    ckpt = load(tmp_path / "run")
+    assert ckpt["optimizer"]["param_groups"][0]["eps"] == ckpt["aux_optimizer"]["param_groups"][0]["eps"] == 1e-8
+    check_eval_only_after_move(tmp_path / "run", lambda path: ppg.train(ppg.Args(eval_only=True, checkpoint=path, eval_episodes=2)), seed=1)
+
+
+def test_non_finite_loss_stops_keeps_checkpoint_and_finishes_wandb_with_1(tmp_path, fake_wandb, restore_signals, monkeypatch):
+    real_phase, calls = ppg.policy_phase, []
+
+    def nan_on_third(*a):  # iterations 1 and 2 are fine; the checkpoint of step 128 is saved
+        calls.append(1)
+        stats = real_phase(*a)
+        return {**stats, "policy_loss": math.nan} if len(calls) == 3 else stats
+
+    monkeypatch.setattr(ppg, "policy_phase", nan_on_third)
+    with pytest.raises(SystemExit, match="non-finite loss at step 192") as e:
+        run(tmp_path / "run", total_steps=640, eval_interval=0, checkpoint_interval=128, track=True)
+    assert "\n" not in str(e.value.code)
+    assert fake_wandb.calls == [("init", []), ("finish", 1)]
+    assert load(tmp_path / "run")["global_step"] == 128 and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_signal_skips_evaluations_saves_and_second_signal_kills(tmp_path, fake_wandb, restore_signals, monkeypatch):
+    real_eval, evals = ppg.evaluate, []
+    monkeypatch.setattr(ppg, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
+    phase_then_sigterm, calls = sigterm_on_call(1, ppg.policy_phase)  # SIGTERM during the first update
+    monkeypatch.setattr(ppg, "policy_phase", phase_then_sigterm)
+    run(tmp_path / "run", total_steps=6400, eval_interval=64, track=True)  # an evaluation is due at step 64
+    assert len(calls) == 1 and evals == []
+    assert load(tmp_path / "run")["global_step"] == 64 and not (tmp_path / "run" / "summary.json").exists()
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert fake_wandb.calls[-1] == ("finish", 0)
+
+
+def test_checkpoint_interval_saves_once_per_crossing_and_once_at_the_end(tmp_path, restore_signals, monkeypatch):
+    real_save, saved = ppg.save_checkpoint, []
+    monkeypatch.setattr(ppg, "save_checkpoint", lambda path, args, step, state: saved.append(step) or real_save(path, args, step, state))
+    run(tmp_path / "run", total_steps=192, eval_interval=0, checkpoint_interval=64)  # 3 iterations of 64 steps
+    assert saved == [64, 128, 192]  # the last crossing is the final save, not a second one
+
+
+def test_sps_counts_the_training_loop_and_wall_time_the_whole_run(tmp_path, restore_signals, monkeypatch):
+    real_check_env, real_save = ppg.check_env, ppg.save_checkpoint
+
+    def slow(seconds, fn=lambda *a: [1.0]):
+        return lambda *a, **kw: time.sleep(seconds) or fn(*a, **kw)
+
+    # 1 s of startup, 0.5 s final checkpoint (the only one), 1 s final evaluation (--eval-interval 0)
+    monkeypatch.setattr(ppg, "PROCESS_START", time.time())
+    monkeypatch.setattr(ppg, "check_env", slow(1.0, real_check_env))
+    monkeypatch.setattr(ppg, "save_checkpoint", slow(0.5, real_save))
+    monkeypatch.setattr(ppg, "evaluate", slow(1.0))
+    run(tmp_path / "run", total_steps=128, eval_interval=0, checkpoint_interval=0)
+    s = summary(tmp_path / "run")
+    loop_time = s["global_step"] / s["sps"]
+    assert s["wall_time_s"] >= 2.5 and loop_time <= s["wall_time_s"] - 2.5
+
+
+# ------------------------------------------------------------- bad input
+def refused(tmp_path, **kwargs) -> str:
+    """The SystemExit message of train(Args(**kwargs)), in process (the command line's code path);
+    nothing may be written."""
+    run_dir = tmp_path / "refused"
     with pytest.raises(SystemExit) as exc:
-        ppg.train(ppg.Args(run_dir=str(run_dir), **kwargs))
+        ppg.train(ppg.Args(**{"run_dir": str(run_dir), "device": "cpu", **kwargs}))
     assert not run_dir.exists()
     message = str(exc.value.code)
     assert message.startswith("ppg.py: error: ") and "\n" not in message
@@ -319,14 +536,26 @@ def refused(tmp_path, **kwargs) -> str:
     ({"env_id": "CarRacing-v3"}, ["image observations", "ppo_atari.py"]),
     ({"env_id": "FrozenLake-v1"}, ["flat Box"]),
     ({"env_id": "ALE/Pong-v5"}, ["ppo_atari.py"]),
-    ({"aux_num_minibatches": 3}, ["--aux-num-minibatches", "does not divide"]),
-    ({"total_steps": 100}, ["--total-steps", "below one rollout"]),
-    ({"n_pi": 0}, ["--n-pi"]),
-    ({"e_pi": 0}, ["--e-pi"]),
-    ({"e_aux": -1}, ["--e-aux"]),
+    ({"num_minibatches": 3}, ["--num-minibatches 3 does not divide", "256"]),
+    ({"aux_num_minibatches": 3}, ["--aux-num-minibatches 3 does not divide"]),
+    ({"total_steps": 100}, ["--total-steps 100 is below one rollout"]),
+    ({"n_pi": 0}, ["--n-pi must be at least 1, got 0"]),
+    ({"e_pi": 0}, ["--e-pi must be at least 1"]),
+    ({"num_envs": 0}, ["--num-envs must be at least 1"]),
+    ({"num_steps": 0}, ["--num-steps must be at least 1"]),
+    ({"hidden_dim": 0}, ["--hidden-dim must be at least 1"]),
+    ({"e_aux": -1}, ["--e-aux", "must not be negative"]),
+    ({"e_v": -1}, ["--e-v", "must not be negative"]),
+    ({"anneal_steps": -1}, ["--anneal-steps", "must not be negative"]),
+    # The value function would never be trained (issue 8); tiny sizes so that old code, which
+    # accepted it, fails this test quickly instead of training 50k steps.
+    ({"e_v": 0, "e_aux": 0, "total_steps": 256, **{k: v for k, v in TINY_ARGS.items() if k not in ("e_v", "e_aux")}},
+     ["--e-v 0 with --e-aux 0 never trains the value function"]),
+    ({"learning_rate": 0.0}, ["--learning-rate", "must be positive"]),
+    ({"aux_learning_rate": -1.0}, ["--aux-learning-rate", "must be positive"]),
+    ({"adam_eps": 0.0}, ["--adam-eps", "must be positive"]),
+    ({"total_steps": 60_000, "anneal_steps": 50_000}, ["--total-steps 60000 runs past the learning-rate schedule", "--anneal-steps 60000"]),
     ({"eval_only": True}, ["--checkpoint"]),
-    ({"eval_only": True, "checkpoint": "/nonexistent/latest.pt", "eval_episodes": 0}, ["--eval-episodes"]),
-    ({"eval_only": True, "checkpoint": "/nonexistent/latest.pt", "eval_episodes": -2}, ["--eval-episodes"]),
     ({"resume": "/nonexistent/latest.pt"}, ["does not exist"]),
 ])
 def test_bad_input(kwargs, fragments, tmp_path):
@@ -335,111 +564,28 @@ def test_bad_input(kwargs, fragments, tmp_path):
         assert fragment in message
 
 
-def test_bad_checkpoints(tmp_path):
+@pytest.mark.slow
+def test_bad_input_cli_is_one_line(tmp_path):
+    check_error(run_script("ppg.py", "--env-id", "NoSuchEnv-v9", "--run-dir", str(tmp_path / "a")), "unknown environment", "NoSuchEnv-v9")
+    check_error(run_script("ppg.py", "--e-v", "0", "--e-aux", "0", "--run-dir", str(tmp_path / "b")), "never trains the value function")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    check_error(run_script("ppg.py", "--resume", str(corrupt)), "corrupt")
+    check_error(run_script("ppg.py", "--resume", str(corrupt), "--run-dir", str(tmp_path / "c")), "corrupt")
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_incompatible_checkpoints_are_refused(tmp_path):
     other = tmp_path / "other.pt"
-    torch.save({"algo": "dqn", "args": {}}, other)
-    assert "dqn" in refused(tmp_path, eval_only=True, checkpoint=str(other))
+    torch.save({"algo": "dqn_atari", "env_id": "CartPole-v1", "args": {}, "global_step": 0}, other)
+    assert "dqn_atari.py" in refused(tmp_path, eval_only=True, checkpoint=str(other))
     mine = tmp_path / "mine.pt"
-    torch.save({"algo": "ppg", "args": ppg.asdict(ppg.Args())}, mine)
-    for change, flag in [({"arch": "shared"}, "--arch dual"), ({"num_envs": 4}, "--num-envs 8"),
-                         ({"n_pi": 4}, "--n-pi 8"), ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"),
-                         ({"e_aux": 0}, "--e-aux 6")]:
-        assert flag in refused(tmp_path, resume=str(mine), **change)
-    torch.save({"algo": "ppg", "args": ppg.asdict(ppg.Args()), "global_step": 4096}, mine)
-    message = refused(tmp_path, resume=str(mine), total_steps=4000)
-    assert "--total-steps 4,000 is below the checkpoint's step 4,096" in message
+    torch.save({"algo": "ppg", "env_id": "CartPole-v1", "args": ppg.asdict(ppg.Args()), "global_step": 4096, "anneal_steps": 50_000}, mine)
+    for change, fragment in [({"arch": "detach"}, "--arch dual"), ({"num_envs": 4}, "--num-envs 8"), ({"n_pi": 4}, "--n-pi 8"),
+                             ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"), ({"e_aux": 0}, "--e-aux 6"),
+                             ({"total_steps": 4000}, "--total-steps 4000 is below the checkpoint's step 4096")]:
+        assert fragment in refused(tmp_path, resume=str(mine), **change)
 
 
-def test_checkpoint_run_dir_comes_from_the_files_location(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert ppg.checkpoint_run_dir("runs/a/checkpoints/latest.pt") == str(tmp_path / "runs" / "a")
-    assert ppg.checkpoint_run_dir(str(tmp_path / "elsewhere" / "x.pt")) == str(tmp_path / "elsewhere")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error needs a machine without CUDA")
 def test_cuda_requested_without_cuda(tmp_path):
     assert "CUDA" in refused(tmp_path, device="cuda")
-
-
-# ------------------------------------------- exit paths, in process (fast)
-@pytest.fixture
-def in_process(tmp_path, monkeypatch):
-    """train() in this process with a fake wandb; records the order of wandb.init, the
-    SummaryWriter, evaluations and wandb.finish. Restores pytest's signal handlers."""
-    events = []
-    fake = types.SimpleNamespace(init=lambda **kw: events.append("init"),
-                                 finish=lambda exit_code=None: events.append(("finish", exit_code)))
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    real_writer, real_evaluate = ppg.SummaryWriter, ppg.evaluate
-    monkeypatch.setattr(ppg, "SummaryWriter", lambda *a, **kw: events.append("writer") or real_writer(*a, **kw))
-
-    def evaluate(*a, **kw):
-        events.append("eval")
-        return real_evaluate(*a, **kw)
-
-    monkeypatch.setattr(ppg, "evaluate", evaluate)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    run_dir = tmp_path / "run"
-
-    def run(**kwargs):
-        tiny = dict(run_dir=str(run_dir), track=True, torch_deterministic=False, num_envs=4, num_steps=16,
-                    num_minibatches=2, n_pi=2, e_pi=1, e_v=1, e_aux=1, aux_num_minibatches=2,
-                    eval_episodes=1, eval_interval=64)
-        ppg.train(ppg.Args(**{**tiny, **kwargs}))
-
-    yield types.SimpleNamespace(run=run, events=events, run_dir=run_dir)
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-
-
-def test_wandb_starts_before_the_writer_and_finishes(in_process):
-    in_process.run(total_steps=128)
-    assert in_process.events == ["init", "writer", "eval", "eval", ("finish", 0)]  # eval at 64 and the final one
-
-
-def test_non_finite_loss_finishes_wandb(in_process, monkeypatch):
-    monkeypatch.setattr(ppg, "policy_phase", lambda *a: {"policy_loss": math.nan})
-    with pytest.raises(SystemExit, match="non-finite loss"):
-        in_process.run(total_steps=128)
-    assert in_process.events == ["init", "writer", ("finish", 1)]
-
-
-def test_signal_skips_evaluations_saves_and_second_signal_kills(in_process, monkeypatch):
-    real_phase = ppg.policy_phase
-
-    def phase_then_sigterm(*a):  # SIGTERM arrives during the first update
-        os.kill(os.getpid(), signal.SIGTERM)
-        return real_phase(*a)
-
-    monkeypatch.setattr(ppg, "policy_phase", phase_then_sigterm)
-    in_process.run(total_steps=6400)
-    assert in_process.events == ["init", "writer", ("finish", 0)]  # no evaluation after the signal
-    assert torch.load(in_process.run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 64
-    assert not (in_process.run_dir / "summary.json").exists()
-    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def test_checkpoint_interval_saves_once_per_crossing_and_once_at_the_end(in_process, monkeypatch):
-    real_save, saved = ppg.save_checkpoint, []
-    monkeypatch.setattr(ppg, "save_checkpoint", lambda path, state: saved.append(state["global_step"]) or real_save(path, state))
-    in_process.run(total_steps=192, checkpoint_interval=64)  # 3 iterations of 64 steps
-    assert saved == [64, 128, 192]  # the last crossing is the final save, not a second one
-
-
-def test_sps_counts_the_training_loop_and_wall_time_the_whole_run(in_process, monkeypatch):
-    real_check_env, real_save = ppg.check_env, ppg.save_checkpoint
-
-    def slow(seconds, fn=lambda *a: [1.0]):
-        return lambda *a, **kw: time.sleep(seconds) or fn(*a, **kw)
-
-    # 1 s of startup, 0.5 s final checkpoint (the only one), 1 s final evaluation (--eval-interval 0)
-    monkeypatch.setattr(ppg, "check_env", slow(1.0, real_check_env))
-    monkeypatch.setattr(ppg, "save_checkpoint", slow(0.5, real_save))
-    monkeypatch.setattr(ppg, "evaluate", slow(1.0))
-    in_process.run(total_steps=128, eval_interval=0, checkpoint_interval=0)
-    s = summary(in_process.run_dir)
-    loop_time = s["global_step"] / s["sps"]
-    assert s["wall_time_s"] >= 2.5 and loop_time <= s["wall_time_s"] - 2.5
