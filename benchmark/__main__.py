@@ -1,23 +1,27 @@
-"""`python -m benchmark {smoke,full,report,readme}`: run the zoo and report on it."""
+"""`python -m benchmark {smoke,full,report,readme,compare,dqn-memory}`: run the zoo, report on it,
+compare two sweeps, and measure dqn_atari's replay memory."""
 
 from __future__ import annotations
 
 import fnmatch
+import os
 import shlex
 import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
-from .backends import run_local, run_ray
+from .backends import Callbacks, Machine, local_gpus, physical_memory_gb, run_local, run_ray
+from .compare import compare, load_sweep
+from .dqn_memory import measure
 from .manifest import Mode, Preset, ZooError, load_zoo
 from .progress import Progress
-from .report import report_sweep, update_readme
-from .runner import finished_ok, open_sweep, plan_jobs, write_json
+from .report import collect, load_committed, report_sweep, update_readme
+from .runner import finished_ok, open_sweep, plan_jobs, relative, write_atomic, write_json
 
 
 @dataclass
@@ -45,11 +49,24 @@ class Sweep(Common):
     workers: int = 2
     """CPUs to fill: runs at once, each taking its preset's num_cpus (local backend), or the
     CPUs of the local Ray instance (ray backend)."""
+    memory_gb: float | None = None
+    """Memory the local backend may fill with the presets' memory_gb requests (default: all of it)."""
+    gpus: int | None = None
+    """GPUs the local backend may hand out (default: those `nvidia-smi -L` lists)."""
     backend: Literal["local", "ray"] = "local"
-    """Local processes, or one Ray task per run (Ray runs keep no checkpoints, so an unfinished
-    run starts afresh instead of resuming)."""
+    """Local processes, or one Ray task per run."""
     ray_address: str | None = None
     """Ray cluster to join (e.g. 'auto' or 'ray://host:10001'); default: start a local one."""
+    storage: str | None = None
+    """Ray: a folder every node mounts, or an fsspec URI, that outlives the nodes; each run's
+    folder and checkpoint are copied there while it runs, so a run retried after its node died,
+    or re-run under the same --name, resumes. Without it a Ray run that did not finish starts afresh."""
+    sync_interval_s: float = 60.0
+    """Ray: seconds between copies of a running run's folder to --storage."""
+    ray_requirements: str = "auto"
+    """Ray: a pip requirements file every node installs (in a virtualenv of Ray's) before running;
+    'auto': requirements.lock when joining a cluster with --ray-address, nothing for a local
+    instance; 'none': nothing (the nodes have the packages)."""
     timeout_scale: float = 1.0
     """Multiply every preset's time limit (a slow or busy machine)."""
     progress_interval_s: float = 30.0
@@ -79,11 +96,14 @@ class Full(Sweep):
 
 
 @dataclass(kw_only=True)
-class Report(Common):
-    """Rebuild results/<sweep>/ (report, results.json, plots) from a full sweep's run records."""
+class Report:
+    """Rebuild results/<sweep>/ (report, results.json, curves.json, plots) from the sweep's run
+    records in <runs-dir>/<sweep>/, or, where those are gone, from results/<sweep>/ itself; targets
+    and references come from the sweep's copy of its manifest, not from today's zoo."""
 
     name: str
     """The sweep."""
+    runs_dir: Path = Path("runs/benchmark")
     results_dir: Path = Path("results")
 
 
@@ -93,6 +113,31 @@ class Readme:
 
     readme: Path = Path("README.md")
     results_dir: Path = Path("results")
+
+
+@dataclass
+class Compare:
+    """Two sweeps side by side per preset with the probability of improvement of B over A and
+    its 95% interval. Exits 1 when B is worse than A on some preset with 95% confidence."""
+
+    a: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="SWEEP_A")]
+    """The baseline: a sweep's name in --results-dir or --runs-dir, or its folder."""
+    b: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="SWEEP_B")]
+    """The change, likewise."""
+    results_dir: Path = Path("results")
+    runs_dir: Path = Path("runs/benchmark")
+    out: Path | None = None
+    """Also write the comparison to this Markdown file."""
+
+
+@dataclass
+class DqnMemory:
+    """Fill dqn_atari's replay buffer to capacity with random frames; print the memory it adds
+    over the imports (a full 1M buffer: about 7 GB) and the sampling speed."""
+
+    capacity: int = 1_000_000
+    """Transitions in the buffer."""
+    script: Path = Path("algos/dqn_atari.py")
 
 
 def _matches(value: str, patterns: tuple[str, ...]) -> bool:
@@ -118,6 +163,27 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def command_line(argv: list[str]) -> str:
+    """The command as the sweep records it: absolute paths made relative to the repository."""
+    def rel(arg: str) -> str:
+        flag, eq, value = arg.rpartition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        return flag + eq + (relative(value) if os.path.isabs(value) else value)
+
+    return "python -m benchmark " + shlex.join(map(rel, argv))
+
+
+def _requirements(sweep: Sweep) -> Path | None:
+    if sweep.ray_requirements == "none":
+        return None
+    if sweep.ray_requirements == "auto":
+        lock = Path("requirements.lock")
+        return lock if sweep.ray_address and lock.is_file() else None
+    path = Path(sweep.ray_requirements)
+    if not path.is_file():
+        raise ZooError(f"--ray-requirements {path}: no such file")
+    return path
+
+
 def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     presets = load_zoo(sweep.zoo, sweep.algos_dir)
     chosen = select(presets, sweep)
@@ -127,7 +193,10 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     budget = {"steps_scale": full.steps_scale, "total_steps": full.total_steps} if full else {}
     if sweep.workers < 1 or sweep.timeout_scale <= 0 or (full and (full.steps_scale <= 0 or (full.seeds or 1) < 1)):
         raise ZooError("--workers, --seeds, --steps-scale and --timeout-scale must be positive")
-    open_sweep(sweep_dir, mode, budget, command)
+    if (sweep.memory_gb is not None and sweep.memory_gb <= 0) or (sweep.gpus or 0) < 0 or sweep.sync_interval_s <= 0:
+        raise ZooError("--memory-gb and --sync-interval-s must be positive, --gpus at least 0")
+    requirements = _requirements(sweep)
+    open_sweep(sweep_dir, mode, budget, command, chosen)
     jobs = plan_jobs(chosen, mode, sweep_dir, seeds=full.seeds if full else None,
                      steps_scale=full.steps_scale if full else 1.0, total_steps=full.total_steps if full else None,
                      timeout_scale=sweep.timeout_scale)
@@ -136,11 +205,16 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
           f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a preempted driver stops its runs too
     try:
-        with Progress(len(jobs), len(jobs) - len(todo), sweep.progress_interval_s) as progress:
+        with Progress(todo, len(jobs) - len(todo), sweep.workers, sweep.progress_interval_s) as progress:
+            calls = Callbacks(progress.started, progress.progressed, progress.finished)
             if sweep.backend == "ray":
-                run_ray(todo, sweep.ray_address, sweep.workers, progress.started, progress.finished)
+                run_ray(todo, address=sweep.ray_address, local_cpus=sweep.workers, algos_dir=sweep.algos_dir,
+                        repo=sweep.algos_dir, storage=sweep.storage, requirements=requirements,
+                        sync_s=sweep.sync_interval_s, calls=calls)
             else:
-                run_local(todo, sweep.workers, progress.started, progress.finished)
+                gpus = local_gpus() if sweep.gpus is None else sweep.gpus
+                machine = Machine(sweep.workers, sweep.memory_gb or physical_memory_gb(), [1.0] * gpus)
+                run_local(todo, machine, sweep.algos_dir, calls)
     except KeyboardInterrupt:
         print(f"interrupted; re-run with --name {name} to resume", file=sys.stderr)
         return 130
@@ -148,7 +222,7 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
         signal.signal(signal.SIGTERM, previous)
     names = {p.name for p in chosen}
     out_dir = full.results_dir / name if full else sweep_dir
-    results = report_sweep(sweep_dir, presets, out_dir, with_plots=full is not None)
+    results = report_sweep(collect(sweep_dir), out_dir, with_plots=full is not None)
     if full and budget == {"steps_scale": 1.0, "total_steps": None}:
         if covers_zoo(results, presets):
             write_json(full.results_dir / "latest", {"sweep": name})
@@ -164,19 +238,35 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
 
 
 def rebuild_report(args: Report) -> int:
-    sweep_dir = args.runs_dir / args.name
-    if not (sweep_dir / "sweep.json").exists():
-        raise ZooError(f"no sweep named {args.name!r} in {args.runs_dir}")
-    report_sweep(sweep_dir, load_zoo(args.zoo, args.algos_dir), args.results_dir / args.name, with_plots=True)
-    print(f"report: {args.results_dir / args.name / 'report.md'}")
+    raw, out_dir = args.runs_dir / args.name, args.results_dir / args.name
+    if (raw / "sweep.json").exists():
+        sweep = collect(raw)
+    elif (out_dir / "results.json").exists():
+        sweep = load_committed(out_dir)
+    else:
+        raise ZooError(f"no sweep named {args.name!r} in {args.runs_dir} or {args.results_dir}")
+    report_sweep(sweep, out_dir, with_plots=True)
+    print(f"report: {out_dir / 'report.md'}")
     return 0
+
+
+def run_compare(args: Compare) -> int:
+    lines, worse = compare(load_sweep(args.a, args.results_dir, args.runs_dir),
+                           load_sweep(args.b, args.results_dir, args.runs_dir))
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out is not None:
+        write_atomic(args.out, text)
+    if worse:
+        print(f"B is worse than A with 95% confidence on: {', '.join(worse)}", file=sys.stderr)
+    return 1 if worse else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     command = tyro.extras.subcommand_cli_from_dict(
-        {"smoke": Smoke, "full": Full, "report": Report, "readme": Readme},
-        prog="python -m benchmark", args=argv, description=__doc__)
-    line = "python -m benchmark " + shlex.join(sys.argv[1:] if argv is None else argv)
+        {"smoke": Smoke, "full": Full, "report": Report, "readme": Readme, "compare": Compare,
+         "dqn-memory": DqnMemory}, prog="python -m benchmark", args=argv, description=__doc__)
+    line = command_line(sys.argv[1:] if argv is None else argv)
     try:
         if isinstance(command, Full):
             return run_sweep(command, "full", line)
@@ -184,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(command, "smoke", line)
         if isinstance(command, Report):
             return rebuild_report(command)
+        if isinstance(command, Compare):
+            return run_compare(command)
+        if isinstance(command, DqnMemory):
+            measure(command.capacity, command.script)
+            return 0
         update_readme(command.readme, command.results_dir)
         print(f"updated {command.readme}")
         return 0

@@ -1,19 +1,29 @@
-"""Statistics across seeds: interquartile mean, its bootstrap interval, targets, curve crossings.
+"""Statistics across seeds and presets, as rliable (Agarwal et al., 2021) defines them.
 
 Definitions (stated in every report):
 
-- **IQM** (interquartile mean) of n scores: sort them; score i (0-based) covers the
-  quantile interval [i/n, (i+1)/n]; its weight is the length of that interval's overlap
-  with [0.25, 0.75], divided by 0.5. This is the mean of the middle 50 % with fractional
-  trimming, so it is defined for any n (n = 1: the score; n = 4: the mean of the middle
-  two; n = 5: (0.15 x2 + 0.2 x3 + 0.15 x4) / 0.5). For n divisible by 4 it equals
-  rliable's `scipy.stats.trim_mean(x, 0.25)`.
-- **95 % confidence interval**: percentile bootstrap as in rliable, stratified by preset
-  (one task per preset, so: resample the n seeds with replacement), 2,000 resamples,
-  IQM of each, the 2.5th and 97.5th percentiles; `numpy.random.default_rng(0)`, so the
-  report is reproducible.
-- **Crossing step**: the first env step at which the moving average of the last `window`
-  values of `charts/episodic_return` reaches the threshold (from the `window`-th episode on).
+- **IQM** (interquartile mean): `scipy.stats.trim_mean(scores, 0.25)`, rliable's definition:
+  sort the n scores, drop the lowest and the highest `floor(n / 4)` whole scores, average the
+  rest (n = 5: the middle three; n < 4: the plain mean).
+- **95 % confidence interval**: `scipy.stats.bootstrap`, percentile method (rliable's default),
+  50,000 resamples, `numpy.random.default_rng(0)` so the report is reproducible. Where several
+  presets are pooled (an aggregate, a comparison) the bootstrap is stratified: each preset's seeds
+  are resampled with replacement on their own, as rliable's `StratifiedBootstrap` does. With fewer
+  than 3 seeds in a preset there is no interval ("n/a"), not a zero-width one.
+- **Failed seeds**: a run that crashed or timed out has no score; it is listed, counts as a seed
+  that missed the target, and the seeds column says how many of the seeds finished.
+- **Sample efficiency**: the IQM across seeds of the evaluation return at each evaluation step
+  (the steps every finished seed evaluated at), and the first step from which it stays at or
+  above the preset's `curve_threshold` until the end. The training average (of exploration
+  episodes) is reported beside it as the first step where the moving average of the last
+  `window` training episodes reaches the threshold.
+- **Normalised score**: (score - random) / (reference - random) with the published random and
+  reference (for Atari: human) scores of the task; the aggregate is the IQM of the normalised
+  scores of one algorithm's presets, pooled across its tasks.
+- **Probability of improvement** of B over A (rliable's): per preset, the probability that a
+  seed of B scores higher than a seed of A (ties count one half; the Mann-Whitney U statistic
+  divided by the number of pairs), averaged over presets; its interval from the stratified
+  bootstrap of both sweeps' seeds.
 """
 
 from __future__ import annotations
@@ -21,35 +31,53 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+from scipy import stats
 
 from .manifest import Target
 
-BOOTSTRAP_REPS = 2000
+BOOTSTRAP_REPS = 50_000  # rliable's default
 BOOTSTRAP_SEED = 0
-
-
-def iqm_weights(n: int) -> np.ndarray:
-    """Weight of each sorted score in the interquartile mean (see the module docstring)."""
-    edges = np.arange(n + 1) / n
-    overlap = np.clip(np.minimum(edges[1:], 0.75) - np.maximum(edges[:-1], 0.25), 0.0, None)
-    return overlap / 0.5
+MIN_SEEDS_FOR_CI = 3
 
 
 def iqm(scores: Sequence[float]) -> float:
-    values = np.sort(np.asarray(scores, dtype=float))
-    return float(values @ iqm_weights(len(values)))
+    return float(stats.trim_mean(np.asarray(scores, dtype=float), 0.25))
 
 
-def bootstrap_ci(scores: Sequence[float], level: float = 0.95, reps: int = BOOTSTRAP_REPS,
-                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the IQM, resampling seeds with replacement."""
-    values = np.asarray(scores, dtype=float)
-    rng = np.random.default_rng(seed)
-    samples = np.sort(values[rng.integers(0, len(values), size=(reps, len(values)))], axis=1)
-    stats = samples @ iqm_weights(len(values))
-    alpha = (1 - level) / 2
-    low, high = np.quantile(stats, [alpha, 1 - alpha])
-    return float(low), float(high)
+def _pooled_iqm(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+    return stats.trim_mean(np.concatenate(samples, axis=axis), 0.25, axis=axis)
+
+
+def _bootstrap(samples: Sequence[Sequence[float]], statistic: Any) -> tuple[float, float] | None:
+    """Percentile interval of `statistic` over a bootstrap stratified by sample; None when a
+    sample has fewer than MIN_SEEDS_FOR_CI values."""
+    arrays = tuple(np.asarray(s, dtype=float) for s in samples)
+    if not arrays or min(len(a) for a in arrays) < MIN_SEEDS_FOR_CI:
+        return None
+    result = stats.bootstrap(arrays, statistic, n_resamples=BOOTSTRAP_REPS, confidence_level=0.95,
+                             method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED), vectorized=True)
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def iqm_ci(*tasks: Sequence[float]) -> tuple[float, float] | None:
+    """95 % interval of the IQM of the pooled scores, each task's seeds resampled on their own."""
+    return _bootstrap(tasks, _pooled_iqm)
+
+
+def _poi(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Mean over tasks of P(b > a) + P(b == a) / 2; samples alternate b1, a1, b2, a2, ..."""
+    per_task = []
+    for b, a in zip(samples[0::2], samples[1::2]):
+        b, a = np.moveaxis(b, axis, -1)[..., :, None], np.moveaxis(a, axis, -1)[..., None, :]
+        per_task.append(((b > a) + 0.5 * (b == a)).mean(axis=(-2, -1)))
+    return np.mean(per_task, axis=0)
+
+
+def probability_of_improvement(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict[str, Any]:
+    """P(B > A) over tasks given (scores_b, scores_a) per task, and its 95 % interval (None
+    when a task has fewer than MIN_SEEDS_FOR_CI seeds on either side)."""
+    samples = [np.asarray(s, dtype=float) for pair in pairs for s in pair]
+    return {"p": float(_poi(*samples)), "ci95": _bootstrap(samples, _poi)}
 
 
 def crossing_step(curve: Sequence[tuple[int, float]], threshold: float, window: int) -> int | None:
@@ -61,6 +89,27 @@ def crossing_step(curve: Sequence[tuple[int, float]], threshold: float, window: 
     sums = np.convolve(values, np.ones(window), mode="valid")
     hits = np.nonzero(sums / window >= threshold)[0]
     return int(steps[hits[0] + window - 1]) if len(hits) else None
+
+
+def eval_iqm_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """(step, IQM across seeds) at the evaluation steps that every seed's curve has (the last
+    value where a step was logged twice)."""
+    by_seed = [dict((int(s), float(v)) for s, v in curve) for curve in curves]
+    if not by_seed:
+        return []
+    steps = sorted(set.intersection(*(set(d) for d in by_seed)))
+    return [(step, iqm([d[step] for d in by_seed])) for step in steps]
+
+
+def stays_above_step(curve: Sequence[tuple[int, float]], threshold: float) -> int | None:
+    """The first step from which every later value of `curve` is >= threshold, else None."""
+    first = None
+    for step, value in curve:
+        if value < threshold:
+            first = None
+        elif first is None:
+            first = step
+    return first
 
 
 def check_target(target: Target | None, scores: Sequence[float | None], not_applicable: str | None) -> dict[str, Any]:
@@ -80,9 +129,15 @@ def check_target(target: Target | None, scores: Sequence[float | None], not_appl
 
 
 def score_stats(scores: Sequence[float]) -> dict[str, Any]:
-    """Mean, std (population, ddof=0), IQM and its interval; None values when there are no scores."""
+    """Over the finished seeds: mean, std (population, ddof=0), IQM and its interval (None with
+    fewer than MIN_SEEDS_FOR_CI seeds); None values when there are no scores."""
     if not scores:
         return {"n": 0, "mean": None, "std": None, "iqm": None, "iqm_ci95": None}
     values = np.asarray(scores, dtype=float)
+    ci = iqm_ci(values)
     return {"n": len(values), "mean": float(values.mean()), "std": float(values.std()),
-            "iqm": iqm(values), "iqm_ci95": list(bootstrap_ci(values))}
+            "iqm": iqm(values), "iqm_ci95": list(ci) if ci else None}
+
+
+def normalise(score: float, random: float, reference: float) -> float:
+    return (score - random) / (reference - random)

@@ -39,6 +39,7 @@ class Budget:
     seeds: int = 1
     args: dict[str, ArgValue] = field(default_factory=dict)
     required_tags: tuple[str, ...] = ()
+    memory_gb: float = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,16 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Normaliser:
+    """Published scores of the task for (score - random) / (reference - random)."""
+
+    name: str
+    random: float
+    reference: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     algo: str
@@ -83,6 +94,9 @@ class Preset:
     num_gpus: float = 0
     provisional: bool = False
     dataset: str | None = None
+    group: str | None = None
+    normalise: Normaliser | None = None
+    table: dict[str, Any] = field(default_factory=dict, compare=False)  # as written, for the sweep's copy
 
     def budget(self, mode: Mode) -> Budget:
         return self.smoke if mode == "smoke" else self.full
@@ -90,11 +104,12 @@ class Preset:
 
 PRESET_KEYS = {
     "algo", "env_id", "args", "smoke", "full", "target", "references", "curve_threshold",
-    "curve_window", "num_cpus", "num_gpus", "provisional", "dataset",
+    "curve_window", "num_cpus", "num_gpus", "provisional", "dataset", "group", "normalise",
 }
-BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags"}
+BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags", "memory_gb"}
 TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "text"}
 REFERENCE_KEYS = {"name", "score", "source", "note"}
+NORMALISE_KEYS = {"name", "random", "reference", "source"}
 RESERVED_FLAGS = {"total-steps", "seed", "run-dir", "env-id"}
 
 
@@ -159,6 +174,7 @@ def _budget(data: Any, where: str, mode: Mode) -> Budget:
         seeds=table.get("seeds", "int", 1, positive=True),
         args=args,
         required_tags=tuple(tags),
+        memory_gb=table.get("memory_gb", "number", 0, positive=True),
     )
 
 
@@ -183,17 +199,29 @@ def _target(data: Any, where: str, seeds: int) -> Target:
     return target
 
 
-def _preset(name: str, data: Any, where: str, algos_dir: Path) -> Preset:
+def _normaliser(data: Any, where: str) -> Normaliser:
+    table = _Table(data, where, NORMALISE_KEYS)
+    normaliser = Normaliser(name=table.get("name", "str"), random=table.get("random", "number"),
+                            reference=table.get("reference", "number"), source=table.get("source", "str"))
+    if normaliser.reference == normaliser.random:
+        raise ZooError(f"{where}: 'reference' must differ from 'random'")
+    return normaliser
+
+
+def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: bool) -> Preset:
     table = _Table(data, where, PRESET_KEYS)
     algo = table.get("algo", "str")
     script = algos_dir / f"{algo}.py"
-    if not script.is_file():
+    if check_script and not script.is_file():
         raise ZooError(f"{where}: unknown algorithm file {script} (algo = {algo!r})")
     for mode in ("smoke", "full"):
         if mode not in data:
             raise ZooError(f"{where}: missing budget [{name}.{mode}]")
     full = _budget(data["full"], f"{where}: full", "full")
     references = table.get("references", "list", [])
+    num_gpus = table.get("num_gpus", "number", 0)
+    if num_gpus < 0 or (num_gpus > 1 and num_gpus != int(num_gpus)):
+        raise ZooError(f"{where}: num_gpus must be a fraction up to 1 or a whole number (as Ray asks), got {num_gpus!r}")
     return Preset(
         name=name,
         algo=algo,
@@ -207,9 +235,12 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path) -> Preset:
         curve_threshold=table.get("curve_threshold", "number", None),
         curve_window=table.get("curve_window", "int", 10, positive=True),
         num_cpus=table.get("num_cpus", "number", 1, positive=True),
-        num_gpus=table.get("num_gpus", "number", 0),
+        num_gpus=num_gpus,
         provisional=table.get("provisional", "bool", False),
         dataset=table.get("dataset", "str", None),
+        group=table.get("group", "str", None),
+        normalise=_normaliser(data["normalise"], f"{where}: normalise") if "normalise" in data else None,
+        table=data,
     )
 
 
@@ -221,6 +252,13 @@ def _reference(data: Any, where: str) -> Reference:
         source=table.get("source", "str"),
         note=table.get("note", "str", ""),
     )
+
+
+def presets_from_tables(tables: dict[str, Any], algos_dir: Path, check_scripts: bool = True) -> dict[str, Preset]:
+    """Presets from their tables as written (a sweep's copy of its manifest); without
+    `check_scripts` an algorithm file renamed since then does not matter."""
+    return {name: _preset(name, entry, f"zoo preset '{name}'", algos_dir, check_scripts)
+            for name, entry in tables.items()}
 
 
 def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
@@ -240,7 +278,7 @@ def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
             where = f"zoo preset '{name}'"
             if name in presets:
                 raise ZooError(f"{where}: duplicate preset name (in {file} and an earlier file)")
-            presets[name] = _preset(name, entry, where, algos_dir)
+            presets[name] = _preset(name, entry, where, algos_dir, True)
     if not presets:
         raise ZooError(f"no presets in {path}")
     return presets

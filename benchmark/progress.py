@@ -1,11 +1,22 @@
-"""The live progress display: a rich status line on a terminal, plain lines in CI logs."""
+"""The live progress display: which runs are running (and where, and how far), and an ETA for
+the sweep; a rich status block on a terminal, plain lines in CI logs.
+
+The ETA: a running run's time left is its elapsed time scaled by the steps it has left (from the
+progress line the algorithm prints), or, before its first progress line, the expected duration
+less its elapsed time. A queued run is expected to last as long as the finished runs of its
+preset did on average (else as the running ones are projected to, else as all finished runs).
+The queue is then dealt to the `slots` runs at once, each next run to the slot that frees first;
+the sweep ends when the last slot does. "?" until any duration is known.
+"""
 
 from __future__ import annotations
 
+import heapq
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import Any, Callable, TextIO
 
 from .runner import Job
 
@@ -24,35 +35,96 @@ def describe(record: dict[str, Any]) -> str:
     return f"FAILED {name}: {record['reason']}"
 
 
-class Progress:
-    """Counts runs done / running / failed and estimates the time left from the runs finished
-    so far. `skipped` runs finished in an earlier invocation of the sweep."""
+@dataclass
+class Running:
+    job: Job
+    start: float
+    where: str
+    progress: tuple[int, int] | None = None
 
-    def __init__(self, total: int, skipped: int, interval_s: float = 30.0, stream: TextIO | None = None):
-        self.total, self.skipped, self.interval_s = total, skipped, interval_s
-        self.stream = stream or sys.stdout
-        self.done = self.failed = self.running = 0
-        self.start = time.monotonic()
+
+class Progress:
+    """Counts runs done / running / queued / failed, shows each running run, and estimates the
+    time left. `jobs` are the runs to do, `skipped` the runs finished in an earlier invocation."""
+
+    def __init__(self, jobs: list[Job], skipped: int, slots: int, interval_s: float = 30.0,
+                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
+        self.total, self.skipped, self.slots, self.interval_s = len(jobs) + skipped, skipped, max(1, slots), interval_s
+        self.stream, self.clock = stream or sys.stdout, clock
+        self.queued = {job.key: job for job in sorted(jobs, key=lambda job: -job.timeout_s)}
+        self.running: dict[str, Running] = {}
+        self.durations: dict[str, list[float]] = {}
+        self.done = self.failed = 0
+        self.start = clock()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.live: Any = None
 
-    def line(self) -> str:
-        elapsed = time.monotonic() - self.start
-        left = self.total - self.skipped - self.done
-        eta = _duration(elapsed / self.done * left) if self.done and left else "?" if left else "0m00s"
-        return (f"{self.skipped + self.done}/{self.total} done ({self.failed} failed, {self.skipped} from before)"
-                f" | {self.running} running | elapsed {_duration(elapsed)} | eta {eta}")
+    def _expected(self, job: Job) -> float | None:
+        """Expected duration of a run of `job`'s preset (see the module docstring)."""
+        own = self.durations.get(job.preset.name)
+        if own:
+            return sum(own) / len(own)
+        now = self.clock()
+        projected = [(now - r.start) * r.progress[1] / r.progress[0] for r in self.running.values()
+                     if r.job.preset.name == job.preset.name and r.progress and r.progress[0] > 0]
+        if projected:
+            return sum(projected) / len(projected)
+        everything = [d for ds in self.durations.values() for d in ds]
+        return sum(everything) / len(everything) if everything else None
 
-    def started(self, job: Job) -> None:
+    def _left(self, run: Running) -> float | None:
+        elapsed = self.clock() - run.start
+        if run.progress and run.progress[0] > 0:
+            step, total = run.progress
+            return max(0.0, elapsed * (total - step) / step)
+        expected = self._expected(run.job)
+        return None if expected is None else max(0.0, expected - elapsed)
+
+    def eta(self) -> float | None:
+        """Seconds until the sweep ends, or None while unknown."""
+        lefts = [self._left(r) for r in self.running.values()]
+        expected = [self._expected(job) for job in self.queued.values()]
+        if None in lefts or None in expected:
+            return None
+        slots = sorted(lefts + [0.0] * max(0, self.slots - len(lefts)))  # type: ignore[operator]
+        for duration in expected:
+            heapq.heapreplace(slots, slots[0] + duration)  # type: ignore[operator]
+        return max(slots, default=0.0)
+
+    def _run_text(self, run: Running) -> str:
+        left = self._left(run)
+        done = f"{100 * run.progress[0] / run.progress[1]:.0f}%" if run.progress and run.progress[1] else "starting"
+        return f"{run.job.key} {done}" + (f", {_duration(left)} left" if left is not None else "") + f" [{run.where}]"
+
+    def line(self) -> str:
         with self.lock:
-            self.running += 1
+            elapsed, eta = self.clock() - self.start, self.eta()
+            head = (f"{self.skipped + self.done}/{self.total} done ({self.failed} failed, {self.skipped} from before)"
+                    f" | {len(self.running)} running, {len(self.queued)} queued | elapsed {_duration(elapsed)}"
+                    f" | eta {'?' if eta is None else _duration(eta)}")
+            runs = "; ".join(self._run_text(r) for r in self.running.values())
+        return head + (f"\n  running: {runs}" if runs else "")
+
+    def started(self, job: Job, where: str) -> None:
+        with self.lock:
+            self.queued.pop(job.key, None)
+            self.running[job.key] = Running(job, self.clock(), where)
+
+    def progressed(self, job: Job, progress: tuple[int, int] | None) -> None:
+        with self.lock:
+            if job.key in self.running and progress is not None:
+                self.running[job.key].progress = progress
 
     def finished(self, record: dict[str, Any]) -> None:
+        key = f"{record['preset']}/seed{record['seed']}"
         with self.lock:
-            self.running -= 1
+            self.queued.pop(key, None)
+            self.running.pop(key, None)
             self.done += 1
             self.failed += record["status"] != "ok"
+            if record.get("wall_time_s"):
+                self.durations.setdefault(record["preset"], []).append(record["wall_time_s"])
         self._print(describe(record))
 
     def _print(self, text: str) -> None:
@@ -69,9 +141,10 @@ class Progress:
         if self.stream.isatty():
             from rich.console import Console
             from rich.live import Live
+            from rich.text import Text
 
-            self.live = Live(get_renderable=self.line, console=Console(file=self.stream), refresh_per_second=2,
-                             transient=True)
+            self.live = Live(get_renderable=lambda: Text(self.line()), console=Console(file=self.stream),
+                             refresh_per_second=2, transient=True)
             self.live.start()
         else:
             threading.Thread(target=self._tick, daemon=True).start()

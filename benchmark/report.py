@@ -1,11 +1,15 @@
-"""A sweep's results: `results.json`, `report.md`, learning-curve plots, and the README block."""
+"""A sweep's results: `results.json`, `curves.json`, `manifest.json`, `report.md`, plots, the README block.
+
+Everything is computed from the run records and the sweep's own copy of its manifest, so a
+committed results folder can be reported again (`python -m benchmark report`) on any clone,
+after targets were edited or algorithm files renamed: `results.json` holds the records without
+their curves, `curves.json` the curves, `manifest.json` the presets' tables as the sweep ran them.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,30 +17,58 @@ from typing import Any
 import numpy as np
 
 from . import aggregate
-from .manifest import Preset, ZooError
-from .runner import load_records, write_atomic, write_json
+from .manifest import Preset, ZooError, is_number, presets_from_tables
+from .runner import MANIFEST_NAME, load_records, write_atomic, write_json
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 PLOT_POINTS = 200
+CURVES_NAME = "curves.json"
 
 
-def _git_commit() -> str | None:
+def collect(sweep_dir: Path) -> dict[str, Any]:
+    """A sweep as its raw run folders hold it."""
+    manifest = sweep_dir / MANIFEST_NAME
+    if not (sweep_dir / "sweep.json").exists() or not manifest.exists():
+        raise ZooError(f"{sweep_dir} holds no sweep (sweep.json and {MANIFEST_NAME})")
+    return {"meta": {"sweep": sweep_dir.name, **json.loads((sweep_dir / "sweep.json").read_text())},
+            "manifest": json.loads(manifest.read_text()), "records": load_records(sweep_dir)}
+
+
+def load_committed(out_dir: Path) -> dict[str, Any]:
+    """A sweep as its results folder holds it (results.json, curves.json, manifest.json)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).parent)
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
-def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+        results = json.loads((out_dir / "results.json").read_text())
+        curves = json.loads((out_dir / CURVES_NAME).read_text())
+        manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
+    except FileNotFoundError as e:
+        raise ZooError(f"{out_dir} is not a results folder: no {Path(e.filename).name}") from None
+    empty = {"train": [], "eval": []}
+    records = [r | {"curves": curves.get(f"{r['preset']}/seed{r['seed']}", empty)} for r in results["runs"]]
+    meta = {k: results[k] for k in ("sweep", "mode", "budget", "commands")}
+    return {"meta": meta, "manifest": manifest, "records": records}
 
 
 def _mean(records: list[dict[str, Any]], key: str) -> float | None:
     values = [r["summary"][key] for r in records if isinstance(r["summary"].get(key), (int, float))]
     return float(np.mean(values)) if values else None
+
+
+def _sample_efficiency(preset: Preset, ok: list[dict[str, Any]]) -> dict[str, Any]:
+    curves = [r["curves"]["eval"] for r in ok]
+    stored = bool(curves) and all(curves)
+    curve = aggregate.eval_iqm_curve(curves) if stored else []
+    threshold = preset.curve_threshold
+    return {"threshold": threshold, "curves_stored": stored, "eval_iqm_curve": curve,
+            "eval_from_step": aggregate.stays_above_step(curve, threshold) if threshold is not None else None}
+
+
+def _normalised(preset: Preset, scores: list[float]) -> dict[str, Any] | None:
+    norm = preset.normalise
+    if norm is None:
+        return None
+    values = [aggregate.normalise(s, norm.random, norm.reference) for s in scores]
+    return {**norm.__dict__, "scores": values, **{k: v for k, v in aggregate.score_stats(values).items()
+                                                  if k in ("iqm", "iqm_ci95")}}
 
 
 def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -> dict[str, Any]:
@@ -53,33 +85,68 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
     by_seed = [r["summary"]["eval_mean"] if r["status"] == "ok" else None for r in records]
     crossings = [r["crossing_step"] for r in records]
     return {
-        "algo": preset.algo, "env_id": preset.env_id, "total_steps": steps, "full_total_steps": preset.full.total_steps,
-        "reduced_budget": reduced, "seeds": [r["seed"] for r in records], "failed_seeds": [r["seed"] for r in records
-                                                                                            if r["status"] != "ok"],
+        "algo": preset.algo, "env_id": preset.env_id, "group": preset.group, "total_steps": steps,
+        "full_total_steps": preset.full.total_steps, "reduced_budget": reduced, "seeds": [r["seed"] for r in records],
+        "failed_seeds": [{"seed": r["seed"], "reason": r["reason"]} for r in records if r["status"] != "ok"],
         "eval_mean": aggregate.score_stats(scores),
         "target": aggregate.check_target(preset.target, by_seed, why) | {"provisional": preset.provisional},
         "references": [ref.__dict__ for ref in preset.references],
-        "crossing": {"threshold": preset.curve_threshold, "window": preset.curve_window, "steps": crossings,
-                     "crossed": sum(c is not None for c in crossings)},
+        "sample_efficiency": _sample_efficiency(preset, ok),
+        "train_crossing": {"threshold": preset.curve_threshold, "window": preset.curve_window, "steps": crossings},
+        "normalised": _normalised(preset, scores),
         "sps_mean": _mean(ok, "sps"), "wall_time_s_mean": _mean(ok, "wall_time_s"),
         "peak_rss_mb_max": max((r["summary"]["peak_rss_mb"] for r in ok), default=None),
         "dataset": preset.dataset,
     }
 
 
-def build_results(sweep: str, meta: dict[str, Any], presets: dict[str, Preset],
-                  records: list[dict[str, Any]]) -> dict[str, Any]:
+def normalised_aggregates(presets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per algorithm and normaliser: the IQM of the normalised scores pooled over its presets
+    (tasks), with the interval of a bootstrap stratified by preset."""
+    groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for name, p in presets.items():
+        if p["normalised"] and p["normalised"]["scores"]:
+            groups.setdefault((p["algo"], p["normalised"]["name"]), {})[name] = p["normalised"]["scores"]
+    out = []
+    for (algo, norm), tasks in sorted(groups.items()):
+        ci = aggregate.iqm_ci(*tasks.values())
+        out.append({"algo": algo, "normaliser": norm, "presets": list(tasks),
+                    "iqm": aggregate.iqm([s for scores in tasks.values() for s in scores]),
+                    "iqm_ci95": list(ci) if ci else None})
+    return out
+
+
+def provenance_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The distinct values of each provenance field over a sweep's runs."""
+    fields: dict[str, set[str]] = {}
+    for r in records:
+        prov = r.get("provenance", {})
+        flat = {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "host": prov.get("host"),
+                "device": prov.get("device"), **{k: v for k, v in (prov.get("versions") or {}).items()}}
+        for key, value in flat.items():
+            fields.setdefault(key, set()).add(str(value))
+    return {key: sorted(values) for key, values in fields.items()}
+
+
+def build_results(sweep: dict[str, Any], presets: dict[str, Preset]) -> dict[str, Any]:
+    meta, records = sweep["meta"], [r for r in sweep["records"] if r["preset"] in presets]
     by_preset: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        if record["preset"] in presets:
-            by_preset.setdefault(record["preset"], []).append(record)
+        by_preset.setdefault(record["preset"], []).append(record)
+    summaries = {name: summarize_preset(presets[name], by_preset[name], meta["mode"])
+                 for name in presets if name in by_preset}
+    groups: dict[str, list[str]] = {}
+    for name, p in summaries.items():
+        if p["group"]:
+            groups.setdefault(p["group"], []).append(name)
     return {
-        "sweep": sweep, "mode": meta["mode"], "budget": meta["budget"], "commands": meta["commands"],
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_commit": _git_commit(),
-        "machine": machine(), "statistics": aggregate.__doc__.split("Definitions (stated in every report):")[1].strip(),
-        "presets": {name: summarize_preset(presets[name], by_preset[name], meta["mode"])
-                    for name in presets if name in by_preset},
-        "runs": [{k: v for k, v in r.items() if k != "curves"} for r in records if r["preset"] in presets],
+        "sweep": meta["sweep"], "mode": meta["mode"], "budget": meta["budget"], "commands": meta["commands"],
+        "reported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "provenance": provenance_summary(records),
+        "statistics": aggregate.__doc__.split("Definitions (stated in every report):")[1].strip(),
+        "presets": summaries, "groups": {g: names for g, names in groups.items() if len(names) > 1},
+        "normalised": normalised_aggregates(summaries),
+        "runs": [{k: v for k, v in r.items() if k != "curves"} for r in records],
     }
 
 
@@ -93,11 +160,15 @@ def _score(stats: dict[str, Any]) -> str:
     return f"{_num(stats['mean'])} ± {_num(stats['std'])}"
 
 
-def _iqm(stats: dict[str, Any]) -> str:
-    if not stats["n"]:
+def _interval(value: float | None, ci: list[float] | None, digits: int = 1) -> str:
+    if value is None:
         return "—"
-    low, high = stats["iqm_ci95"]
-    return f"{_num(stats['iqm'])} [{_num(low)}, {_num(high)}]"
+    return f"{_num(value, digits)} [{_num(ci[0], digits)}, {_num(ci[1], digits)}]" if ci else f"{_num(value, digits)} [n/a]"
+
+
+def _seeds(p: dict[str, Any]) -> str:
+    n, failed = len(p["seeds"]), len(p["failed_seeds"])
+    return f"{n - failed} of {n} ({failed} failed)" if failed else str(n)
 
 
 def _target(target: dict[str, Any]) -> str:
@@ -109,68 +180,141 @@ def _target(target: dict[str, Any]) -> str:
     return status + (" (provisional)" if target.get("provisional") and target["text"] else "")
 
 
-def _crossing(crossing: dict[str, Any]) -> str:
-    if crossing["threshold"] is None:
+def _efficiency(eff: dict[str, Any]) -> str:
+    if eff["threshold"] is None:
         return "—"
-    steps = [f"{s:,}" if s is not None else "never" for s in crossing["steps"]]
-    return f"≥ {crossing['threshold']:g}: {', '.join(steps)}"
+    if not eff["curves_stored"]:
+        return "n/a (no curves stored)"
+    step = eff["eval_from_step"]
+    return f"≥ {eff['threshold']:g} from {step:,}" if step is not None else f"≥ {eff['threshold']:g}: never"
 
 
-def preset_table(results: dict[str, Any], plot_prefix: str | None) -> list[str]:
-    """The per-preset Markdown table shared by the report and the README block."""
-    lines = ["| preset | env | steps | seeds | eval mean ± std | IQM [95% CI] | target | crossing step "
-             "(10-ep avg) | SPS | wall time |" + (" plot |" if plot_prefix is not None else ""),
-             "|---" * (10 + (plot_prefix is not None)) + "|"]
+def _plot_link(out_dir: Path | None, name: str, prefix: str) -> str:
+    return f"[plot]({prefix}plots/{name}.png)" if out_dir and (out_dir / "plots" / f"{name}.png").exists() else "—"
+
+
+def preset_table(results: dict[str, Any], plots: Path | None, prefix: str = "") -> list[str]:
+    """The per-preset Markdown table shared by the report and the README block; `plots`: the
+    results folder whose plots/ to link (with `prefix` before the link), or None for no column."""
+    lines = ["| preset | env | steps | seeds | eval mean ± std | IQM [95% CI] | target | eval IQM (sample "
+             "efficiency) | SPS | wall time |" + (" plot |" if plots is not None else ""),
+             "|---" * (10 + (plots is not None)) + "|"]
     for name, p in results["presets"].items():
-        row = [name, p["env_id"], "/".join(f"{s:,}" for s in p["total_steps"]), str(len(p["seeds"])),
-               _score(p["eval_mean"]), _iqm(p["eval_mean"]), _target(p["target"]), _crossing(p["crossing"]),
+        stats = p["eval_mean"]
+        row = [name, p["env_id"], "/".join(f"{s:,}" for s in p["total_steps"]), _seeds(p), _score(stats),
+               _interval(stats["iqm"], stats["iqm_ci95"]), _target(p["target"]), _efficiency(p["sample_efficiency"]),
                _num(p["sps_mean"], 0), _num(p["wall_time_s_mean"] and p["wall_time_s_mean"] / 60) + " min"]
-        if plot_prefix is not None:
-            row.append(f"[plot]({plot_prefix}plots/{name}.png)")
+        if plots is not None:
+            row.append(_plot_link(plots, name, prefix))
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
-def render_report(results: dict[str, Any], with_plots: bool) -> str:
-    m = results["machine"]
+def provenance_line(prov: dict[str, list[str]]) -> str:
+    def one(key: str) -> str:
+        values = prov.get(key, ["None"])
+        return ", ".join(f"`{v[:10]}`" if key == "commit" and v != "None" else v for v in values)
+
+    versions = "; ".join(f"{lib} {one(lib)}" for lib in ("torch", "gymnasium", "ale-py"))
+    return (f"runs at commit(s) {one('commit')} (dirty: {one('dirty')}), on {one('host')}, device(s) {one('device')}; "
+            f"{versions}")
+
+
+def _seed_text(r: dict[str, Any]) -> str:
+    score = _num(r["summary"]["eval_mean"]) if r["status"] == "ok" else f"**failed** ({r['reason']})"
+    return f"seed {r['seed']}: {score}" + (" (resumed)" if r.get("resumed") else "")
+
+
+def _preset_section(name: str, p: dict[str, Any], runs: list[dict[str, Any]], plots: Path | None) -> list[str]:
+    cross = p["train_crossing"]
+    lines = [f"### {name}", "", f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
+             f"- ours: {_score(p['eval_mean'])} (IQM {_interval(p['eval_mean']['iqm'], p['eval_mean']['iqm_ci95'])}); "
+             + ", ".join(_seed_text(r) for r in runs),
+             f"- sample efficiency: evaluation IQM across seeds {_efficiency(p['sample_efficiency'])}"]
+    if cross["threshold"] is not None:
+        steps = ", ".join(f"{s:,}" if s is not None else "never" for s in cross["steps"])
+        lines.append(f"- training {cross['window']}-episode average (exploration included) first ≥ "
+                     f"{cross['threshold']:g} at: {steps}")
+    if p["normalised"]:
+        n = p["normalised"]
+        lines.append(f"- {n['name']}-normalised: IQM {_interval(n['iqm'], n['iqm_ci95'], 3)} "
+                     f"(random {n['random']:g}, {n['name']} {n['reference']:g}; {n['source']})")
+    lines.append(f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB")
+    if p["dataset"]:
+        lines.append(f"- dataset: {p['dataset']}")
+    for ref in p["references"]:
+        note = f" ({ref['note']})" if ref["note"] else ""
+        lines.append(f"- reference: {ref['name']}: {ref['score']}{note}; source: {ref['source']}")
+    return lines + [""]
+
+
+def render_report(results: dict[str, Any], plots: Path | None) -> str:
     lines = [f"# Benchmark sweep `{results['sweep']}` ({results['mode']})", "",
-             f"- date: {results['date']}, commit `{results['git_commit']}`",
-             f"- machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs, Python {m['python']}",
+             f"- {provenance_line(results['provenance'])}",
+             f"- reported {results['reported']}; per-run provenance in the table at the end",
              "- command(s):", *[f"  - `{c}`" for c in results["commands"]], "",
-             "## Results", "", *preset_table(results, "" if with_plots else None), ""]
-    for name, p in results["presets"].items():
-        seeds = [f"seed {r['seed']}: {_num(r['summary']['eval_mean']) if r['status'] == 'ok' else 'failed'}"
-                 + (" (resumed)" if r.get("resumed") else "") for r in results["runs"] if r["preset"] == name]
-        lines += [f"### {name}", "", f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
-                  f"- ours: {_score(p['eval_mean'])} (IQM {_iqm(p['eval_mean'])}); {', '.join(seeds)}",
-                  f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB"]
-        if p["dataset"]:
-            lines.append(f"- dataset: {p['dataset']}")
-        for ref in p["references"]:
-            note = f" ({ref['note']})" if ref["note"] else ""
-            lines.append(f"- reference: {ref['name']}: {ref['score']}{note}; source: {ref['source']}")
+             "## Results", "", *preset_table(results, plots), ""]
+    if results["groups"]:
+        lines += ["## Comparison groups", ""]
+        for group, names in results["groups"].items():
+            lines.append(f"- {group}: {', '.join(names)} — {_plot_link(plots, f'group-{group}', '')}")
         lines.append("")
+    if results["normalised"]:
+        lines += ["## Normalised scores", "", "| algorithm | normalised by | presets | IQM [95% CI] |", "|---|---|---|---|"]
+        for agg in results["normalised"]:
+            lines.append(f"| {agg['algo']} | {agg['normaliser']} | {', '.join(agg['presets'])} | "
+                         f"{_interval(agg['iqm'], agg['iqm_ci95'], 3)} |")
+        lines.append("")
+    for name, p in results["presets"].items():
+        lines += _preset_section(name, p, [r for r in results["runs"] if r["preset"] == name], plots)
     failed = [r for r in results["runs"] if r["status"] != "ok"]
     if failed:
         lines += ["## Failed runs", ""]
         for r in failed:
             resumed = " (resumed)" if r.get("resumed") else ""
             lines += [f"### {r['preset']} seed{r['seed']}{resumed}: {r['reason']}", "", "```", r["log_tail"], "```", ""]
-    lines += ["## Statistics", "", results["statistics"], "",
-              "Mean ± std: over seeds, population std (ddof=0). Scores are each run's final "
+    lines += ["## Provenance", "", "| run | status | commit | dirty | host | device | torch | gymnasium | ale-py |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        prov = r["provenance"]
+        versions = prov.get("versions") or {}
+        cells = [f"{r['preset']}/seed{r['seed']}", r["status"], (prov.get("commit") or "—")[:10], str(prov.get("dirty")),
+                 str(prov.get("host")), str(prov.get("device")),
+                 *(str(versions.get(lib)) for lib in ("torch", "gymnasium", "ale-py"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Statistics", "", results["statistics"], "",
+              "Mean ± std: over the finished seeds, population std (ddof=0). Scores are each run's final "
               "`eval_mean` from summary.json.", ""]
     return "\n".join(lines)
 
 
-def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, window: int, path: Path) -> None:
-    """Return vs env steps: the mean over seeds of each seed's moving-average training curve,
-    min-max shaded, and every evaluation point."""
+def _figure(ncols: int = 1) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return plt, *plt.subplots(1, ncols, figsize=(6 * ncols, 4), squeeze=False)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _reference_lines(ax: Any, references: list[dict[str, Any]]) -> None:
+    for i, ref in enumerate(references):
+        if is_number(ref["score"]):
+            ax.axhline(ref["score"], color=f"C{7 + i % 3}", linestyle=":", label=f"{ref['name']} ({ref['score']:g})")
+
+
+def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, window: int, path: Path) -> None:
+    """Return vs env steps: the mean over seeds of each seed's moving-average training curve,
+    min-max shaded, and every evaluation point."""
+    plt, fig, axes = _figure()
+    ax = axes[0, 0]
     curves = [np.asarray(r["curves"]["train"], dtype=float) for r in records if r["curves"]["train"]]
     if curves:
         end = max(c[-1, 0] for c in curves)
@@ -194,24 +338,63 @@ def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, 
     ax.set(title=f"{name} ({len(records)} seeds)", xlabel="environment steps", ylabel="episodic return")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
-def report_sweep(sweep_dir: Path, presets: dict[str, Preset], out_dir: Path, with_plots: bool) -> dict[str, Any]:
-    """Aggregate a sweep's run records into `out_dir` (results.json, report.md, plots/)."""
-    records = load_records(sweep_dir)
-    results = build_results(sweep_dir.name, json.loads((sweep_dir / "sweep.json").read_text()), presets, records)
+def plot_group(group: str, results: dict[str, Any], records: list[dict[str, Any]], path: Path) -> None:
+    """The presets of one comparison group on one chart: left, the evaluation IQM across seeds
+    against env steps (where curves were stored); right, each seed's final evaluation with the
+    IQM and its interval; the numeric peer references as dotted lines on both."""
+    plt, fig, axes = _figure(2)
+    curves_ax, final_ax = axes[0]
+    names = results["groups"][group]
+    references: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(names):
+        p, color = results["presets"][name], f"C{i}"
+        curve = p["sample_efficiency"]["eval_iqm_curve"]
+        if curve:
+            steps, values = zip(*curve)
+            curves_ax.plot(steps, values, color=color, marker="o", markersize=3, label=name)
+        scores = [r["summary"]["eval_mean"] for r in records if r["preset"] == name and r["status"] == "ok"]
+        final_ax.scatter([i] * len(scores), scores, color=color, alpha=0.6, s=18)
+        stats = p["eval_mean"]
+        if stats["iqm"] is not None:
+            low, high = stats["iqm_ci95"] or (stats["iqm"], stats["iqm"])
+            final_ax.errorbar([i + 0.15], [stats["iqm"]], yerr=[[stats["iqm"] - low], [high - stats["iqm"]]],
+                              fmt="D", color=color, capsize=4, label=f"{name}: IQM" + (" [95% CI]" if stats["iqm_ci95"] else ""))
+        references.update({ref["name"]: ref for ref in p["references"]})
+    for ax in axes[0]:
+        _reference_lines(ax, list(references.values()))
+    if not curves_ax.lines:
+        curves_ax.text(0.5, 0.5, "no evaluation curves stored", ha="center", va="center", transform=curves_ax.transAxes)
+    curves_ax.set(title=f"{group}: evaluation IQM across seeds", xlabel="environment steps", ylabel="episodic return")
+    final_ax.set(title="final evaluation per seed", xticks=range(len(names)), xticklabels=names, ylabel="episodic return")
+    for ax in axes[0]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small")
+    _save(plt, fig, path)
+
+
+def report_sweep(sweep: dict[str, Any], out_dir: Path, with_plots: bool) -> dict[str, Any]:
+    """Aggregate a sweep (from `collect` or `load_committed`) into `out_dir`: results.json,
+    curves.json, manifest.json, report.md and, `with_plots`, plots/ (a preset without stored
+    curves keeps the plot it has)."""
+    presets = presets_from_tables(sweep["manifest"], Path("algos"), check_scripts=False)
+    results = build_results(sweep, presets)
+    records = [r for r in sweep["records"] if r["preset"] in results["presets"]]
     if with_plots:
         for name in results["presets"]:
-            preset = presets[name]
-            plot_preset(name, [r for r in records if r["preset"] == name],
-                        preset.target.threshold if preset.target else None, preset.curve_window,
-                        out_dir / "plots" / f"{name}.png")
+            runs = [r for r in records if r["preset"] == name]
+            if any(r["curves"]["train"] or r["curves"]["eval"] for r in runs):
+                preset = presets[name]
+                plot_preset(name, runs, preset.target.threshold if preset.target else None, preset.curve_window,
+                            out_dir / "plots" / f"{name}.png")
+        for group in results["groups"]:
+            plot_group(group, results, records, out_dir / "plots" / f"group-{group}.png")
     write_json(out_dir / "results.json", results)
-    write_atomic(out_dir / "report.md", render_report(results, with_plots))
+    write_json(out_dir / CURVES_NAME, {f"{r['preset']}/seed{r['seed']}": r["curves"] for r in records}, indent=None)
+    write_json(out_dir / MANIFEST_NAME, {name: sweep["manifest"][name] for name in results["presets"]})
+    write_atomic(out_dir / "report.md", render_report(results, out_dir if with_plots else None))
     return results
 
 
@@ -225,13 +408,11 @@ def update_readme(readme: Path, results_dir: Path) -> None:
     text = readme.read_text() if readme.exists() else ""
     if text.count(README_START) != 1 or text.count(README_END) != 1 or text.index(README_START) > text.index(README_END):
         raise ZooError(f"{readme} needs one '{README_START}' line followed by one '{README_END}' line")
-    m = results["machine"]
     prefix = os.path.relpath(sweep_dir, readme.parent).replace(os.sep, "/") + "/"
     block = [README_START, "<!-- generated by `python -m benchmark readme` from results/latest; do not edit -->", "",
-             f"Sweep `{results['sweep']}`, {results['date'][:10]}, commit `{(results['git_commit'] or '?')[:10]}`, "
-             f"on {m['platform']} ({m['cpu_count']} CPUs). Command:", "",
+             f"Sweep `{results['sweep']}`: {provenance_line(results['provenance'])}. Command:", "",
              *[f"    {c}" for c in results["commands"]], "",
-             *preset_table(results, prefix), "",
+             *preset_table(results, sweep_dir, prefix), "",
              f"Full report: [{prefix}report.md]({prefix}report.md).", README_END]
     head, rest = text.split(README_START)
     tail = rest.split(README_END, 1)[1]

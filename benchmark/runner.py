@@ -1,14 +1,16 @@
 """Runs: what to launch (jobs), how one run is executed and checked, and the sweep's records.
 
 A sweep lives in `<runs_dir>/<sweep>/`: `sweep.json` (mode, budget scale, the commands
-that ran it) and one folder per run, `<preset>/seed<k>/`, which is the algorithm's run
-directory plus the runner's `benchmark.log` (the run's stdout and stderr) and `run.json`
-(the record). A run whose `run.json` says "ok" is skipped when the sweep runs again. A run
-that did not finish but left `checkpoints/latest.pt` (saved on SIGTERM at the time limit or
-on Ctrl-C, or at a checkpoint interval) continues from it with `--resume`, appending to its
-log; one without a checkpoint starts again from scratch. Each sweep invocation makes one
-attempt per run, so a run that fails again after resuming is recorded, not retried in a loop.
-Only the local backend resumes: the Ray backend leaves checkpoints on the worker.
+that ran it), `manifest.json` (the tables of the presets it ran, as they were: the report reads
+targets and references from this copy, not from today's zoo) and one folder per run,
+`<preset>/seed<k>/`, which is the algorithm's run directory plus the runner's `benchmark.log`
+(the run's stdout and stderr) and `run.json` (the record, with its curves and provenance). A run
+whose `run.json` says "ok" is skipped when the sweep runs again. A run that did not finish but
+left `checkpoints/latest.pt` (saved on SIGTERM at the time limit or on Ctrl-C, or at a
+checkpoint interval) continues from it with `--resume`, appending to its log; one without a
+checkpoint starts again from scratch. Each sweep invocation makes one attempt per run, so a run
+that fails again after resuming is recorded, not retried in a loop. Paths in commands and logs
+are relative to the working directory (the repository), so records read the same on every clone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,22 +26,33 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .aggregate import crossing_step
 from .manifest import ArgValue, Mode, Preset, ZooError, is_number
 
 SUMMARY_KEYS = ("script", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
                 "wall_time_s", "sps", "peak_rss_mb")
-LOG_NAME, RECORD_NAME = "benchmark.log", "run.json"
+LOG_NAME, RECORD_NAME, MANIFEST_NAME = "benchmark.log", "run.json", "manifest.json"
 LOG_TAIL_LINES = 40
 CHECKPOINT = Path("checkpoints") / "latest.pt"  # in the run dir, the one a re-run resumes from
 # At the time limit a run gets SIGTERM, then this long to save its checkpoint and exit before
-# SIGKILL; a re-run of the sweep resumes from that checkpoint (local backend only). A save
-# slower than this (dqn_atari's replay buffer of several GB) is cut off; the write is atomic,
-# so the run then resumes from its previous checkpoint, or starts afresh when it had none.
+# SIGKILL; a re-run of the sweep resumes from that checkpoint. A save slower than this
+# (dqn_atari's replay buffer of several GB) is cut off; the write is atomic, so the run then
+# resumes from its previous checkpoint, or starts afresh when it had none.
 KILL_GRACE_S = 30.0
+POLL_S = 2.0  # how often a running run's log is read for its progress line
+# The algorithms' progress line: "step 1,200/20,000 | ...".
+PROGRESS_LINE = re.compile(rb"step ([\d,]+)/([\d,]+) \|")
+# Started between the runner and the algorithm: on Linux, the run gets SIGTERM (checkpoint and
+# exit) when the thread that started it dies, so a killed runner or Ray worker leaves no training
+# process behind (runs have their own session for the time limit's group kill, which takes them
+# out of reach of the clean-up of Ray and of the terminal).
+LAUNCHER = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+            "os.getppid() == int(sys.argv[1]) or sys.exit('benchmark: the runner exited before the run started'); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -59,8 +73,17 @@ def _finite(data: Any) -> Any:
     return data
 
 
-def write_json(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
+def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
+    write_atomic(path, json.dumps(_finite(data), indent=indent, allow_nan=False) + "\n")
+
+
+def relative(path: str | Path) -> str:
+    """`path` relative to the working directory (the repository), as records keep it."""
+    return os.path.relpath(Path(path).resolve(), Path.cwd().resolve())
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,7 @@ class Job:
     args: dict[str, ArgValue]
     required_tags: tuple[str, ...]
     run_dir: Path
+    memory_gb: float = 0
 
     @property
     def key(self) -> str:
@@ -90,6 +114,10 @@ class Job:
                 argv += [f"--{flag}", str(value)]
         return argv
 
+    def command(self, resume: str | None = None) -> list[str]:
+        """The command as records keep it: paths relative to the repository."""
+        return self.argv(relative(self.preset.script), relative(self.run_dir)) + (["--resume", resume] if resume else [])
+
 
 def plan_jobs(presets: list[Preset], mode: Mode, sweep_dir: Path, *, seeds: int | None = None,
               steps_scale: float = 1.0, total_steps: int | None = None, timeout_scale: float = 1.0) -> list[Job]:
@@ -103,23 +131,37 @@ def plan_jobs(presets: list[Preset], mode: Mode, sweep_dir: Path, *, seeds: int 
             jobs.append(Job(
                 preset=preset, seed=seed, total_steps=steps, timeout_s=budget.timeout_s * timeout_scale,
                 args={**preset.args, **budget.args}, required_tags=budget.required_tags,
-                run_dir=sweep_dir / preset.name / f"seed{seed}",
+                run_dir=sweep_dir / preset.name / f"seed{seed}", memory_gb=budget.memory_gb,
             ))
     return jobs
 
 
-def open_sweep(sweep_dir: Path, mode: Mode, budget: dict[str, Any], command: str) -> None:
-    """Create or reopen a sweep; refuse to mix budgets under one name."""
-    path = sweep_dir / "sweep.json"
+def _without_time_limits(table: dict[str, Any]) -> dict[str, Any]:
+    return {k: {kk: vv for kk, vv in v.items() if kk != "timeout_s"} if k in ("smoke", "full") else v
+            for k, v in table.items()}
+
+
+def open_sweep(sweep_dir: Path, mode: Mode, budget: dict[str, Any], command: str, presets: list[Preset]) -> None:
+    """Create or reopen a sweep; refuse to mix budgets or preset definitions under one name.
+    Keeps a copy of each preset's table (time limits may change between invocations)."""
+    path, manifest_path = sweep_dir / "sweep.json", sweep_dir / MANIFEST_NAME
     meta = {"mode": mode, "budget": budget, "commands": []}
+    manifest: dict[str, Any] = {}
     if path.exists():
         old = json.loads(path.read_text())
         if (old["mode"], old["budget"]) != (mode, budget):
             raise ZooError(f"sweep '{sweep_dir.name}' was run as {old['mode']} with budget {old['budget']}, "
                            f"not {mode} with {budget}; choose another --name")
         meta = old
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for preset in presets:
+        if preset.name in manifest and _without_time_limits(manifest[preset.name]) != _without_time_limits(preset.table):
+            raise ZooError(f"zoo preset '{preset.name}' changed since sweep '{sweep_dir.name}' ran it; "
+                           "choose another --name (or restore the preset)")
+        manifest[preset.name] = preset.table
     meta["commands"].append(command)
     write_json(path, meta)
+    write_json(manifest_path, manifest)
 
 
 def finished_ok(job: Job) -> bool:
@@ -145,33 +187,62 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def execute(argv: list[str], cwd: Path, log_path: Path, timeout_s: float, threads: int) -> dict[str, Any]:
-    """Run `python <argv>` in its own process group with stdout and stderr into `log_path`.
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (checkpoint and exit), SIGKILL after the grace period."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
 
-    At the time limit the group gets SIGTERM (the contract: save a checkpoint and exit),
-    then SIGKILL after a grace period. The log is appended to, so that a resumed run keeps
-    the output of its earlier attempts.
+
+def log_progress(log_path: Path) -> tuple[int, int] | None:
+    """(step, total) of the last progress line in the end of a run's log, if any."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 8192))
+            matches = PROGRESS_LINE.findall(log.read())
+    except OSError:
+        return None
+    return (int(matches[-1][0].replace(b",", b"")), int(matches[-1][1].replace(b",", b""))) if matches else None
+
+
+def execute(argv: list[str], cwd: Path, log_path: Path, timeout_s: float, threads: int,
+            env: dict[str, str] | None = None, on_poll: Callable[[tuple[int, int] | None], None] | None = None) -> dict[str, Any]:
+    """Run `python <argv>` in its own process group with stdout and stderr into `log_path`,
+    calling `on_poll` with its progress every POLL_S seconds.
+
+    At the time limit, or when this thread is interrupted (Ctrl-C, a cancelled Ray task), the
+    group gets SIGTERM (the contract: save a checkpoint and exit), then SIGKILL after a grace
+    period. The log is appended to, so that a resumed run keeps the output of its earlier attempts.
     """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", **(env or {})}
+    launch = [sys.executable, "-c", LAUNCHER, str(os.getpid())] if sys.platform == "linux" else [sys.executable]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([*launch, *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         with _running_lock:
             _running.add(proc)
         timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
+            while proc.poll() is None:
+                left = start + timeout_s - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    _stop(proc)
+                    break
+                try:
+                    proc.wait(timeout=min(POLL_S, left))
+                except subprocess.TimeoutExpired:
+                    if on_poll is not None:
+                        on_poll(log_progress(log_path))
+        except BaseException:
+            _stop(proc)
+            raise
         finally:
             with _running_lock:
                 _running.discard(proc)
@@ -195,15 +266,15 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def make_record(job: Job, result: dict[str, Any], command: list[str], resumed: bool = False) -> dict[str, Any]:
-    """Check what a finished run left behind and write its record (`run.json`); `resumed`:
-    this attempt continued from an earlier attempt's checkpoint."""
+def check_run(job: Job, run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """What a finished run left in `run_dir`: its status, summary and curves (the record
+    without the runner's fields; on a Ray worker, `run_dir` is the worker's copy)."""
     problems = [result["error"]] if result.get("error") else []
     if result["timed_out"]:
         problems.append(f"timed out after {result['timeout_s']:.0f} s")
     elif result["returncode"] not in (0, None):
         problems.append(f"exit status {result['returncode']}")
-    summary_path = job.run_dir / "summary.json"
+    summary_path = run_dir / "summary.json"
     summary: dict[str, Any] = {}
     if summary_path.exists():
         try:
@@ -218,39 +289,47 @@ def make_record(job: Job, result: dict[str, Any], command: list[str], resumed: b
     elif not problems:
         problems.append("no summary.json")
     curves_tags = sorted({*job.required_tags, "charts/episodic_return", "eval/episodic_return"})
-    curves = read_scalars(job.run_dir, curves_tags)
+    curves = read_scalars(run_dir, curves_tags)
     if not problems:
         absent = [tag for tag in job.required_tags if not curves[tag]]
         if absent:
             problems.append(f"no TensorBoard scalars for {', '.join(absent)}")
     preset = job.preset
-    record = {
-        "preset": preset.name, "algo": preset.algo, "env_id": preset.env_id, "seed": job.seed,
-        "total_steps": job.total_steps, "status": "failed" if problems else "ok", "resumed": resumed,
-        "reason": "; ".join(problems), "command": command, **result,
+    return {
+        "status": "failed" if problems else "ok", "reason": "; ".join(problems), **result,
         "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
                    | {"eval_returns": summary.get("eval_returns", [])},
         "crossing_step": None if preset.curve_threshold is None else crossing_step(
             curves["charts/episodic_return"], preset.curve_threshold, preset.curve_window),
         "curves": {"train": curves["charts/episodic_return"], "eval": curves["eval/episodic_return"]},
-        "log_tail": log_tail(job.run_dir / LOG_NAME) if problems else "",
+        "log_tail": log_tail(run_dir / LOG_NAME) if problems else "",
     }
+
+
+def make_record(job: Job, checked: dict[str, Any], command: list[str], provenance: dict[str, Any],
+                resumed: bool = False) -> dict[str, Any]:
+    """Write a run's record (`run.json`) from `check_run`'s result; `resumed`: this attempt
+    continued from an earlier attempt's checkpoint; `provenance`: the code's version and the host's."""
+    preset = job.preset
+    record = {"preset": preset.name, "algo": preset.algo, "env_id": preset.env_id, "seed": job.seed,
+              "total_steps": job.total_steps, "resumed": resumed, "command": command, **checked,
+              "provenance": provenance}
     write_json(job.run_dir / RECORD_NAME, record)
     return record
 
 
-def prepare_run_dir(job: Job, resume: bool = True) -> Path | None:
+def prepare_run_dir(job: Job, resume: bool = True) -> str | None:
     """Ready the folder of a run that did not finish. With `resume` and a checkpoint there,
     keep the folder, drop the last attempt's summary and record (so the new record judges
-    only this attempt), mark the log, and return the checkpoint to pass as `--resume`;
-    otherwise empty the folder and return None."""
+    only this attempt), mark the log, and return the checkpoint (relative path) to pass as
+    `--resume`; otherwise empty the folder and return None."""
     ckpt = job.run_dir / CHECKPOINT
     if resume and ckpt.is_file():
         for name in ("summary.json", RECORD_NAME):
             (job.run_dir / name).unlink(missing_ok=True)
         with open(job.run_dir / LOG_NAME, "a") as log:
-            log.write(f"\n--- resumed from {ckpt.resolve()} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
-        return ckpt.resolve()
+            log.write(f"\n--- resumed from {relative(ckpt)} at {now()} ---\n")
+        return relative(ckpt)
     if job.run_dir.exists():
         shutil.rmtree(job.run_dir)
     job.run_dir.mkdir(parents=True)

@@ -1,41 +1,52 @@
 """The benchmark runner: manifest validation, sweeps of fake algorithm scripts (ok, crash,
-timeout), resume, aggregation against hand-computed numbers, report, plots, README block."""
+timeout), resume, resource requests, per-run provenance, the sweep's manifest copy, reports,
+plots, comparison groups, `compare`, progress and ETA, the README block, and `dqn-memory`.
+The statistics are in test_benchmark_stats.py, the Ray cluster in test_benchmark_ray.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import ROOT, check_error
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
+from benchmark import provenance
 from benchmark.__main__ import main
-from benchmark.aggregate import bootstrap_ci, check_target, crossing_step, iqm
-from benchmark.manifest import Target, ZooError, load_zoo
+from benchmark.backends import Machine
+from benchmark.manifest import ZooError, load_zoo
+from benchmark.progress import Progress
+from benchmark.runner import plan_jobs
 
 ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 
 # A fake algorithm file honouring the CLI/outputs contract in a few lines. The training
-# curve rises linearly over 20 episodes to `--score`; the final evaluation is score + seed.
+# curve rises linearly over 20 episodes to `--score`, with a progress line per episode; the
+# evaluation at episodes 5, 10, 15 and 20 is that value + seed (so the final one is score + seed).
 # It writes events with tensorboard's own writer (the format torch's SummaryWriter writes)
-# because importing torch would cost seconds per run. Its checkpoint is {"step": N};
-# `--resume` continues the curve after that step. "stall-once" logs half the curve, then
-# waits (unless resumed) for SIGTERM, on which it saves its checkpoint and exits.
+# because importing torch would cost seconds per run. Its checkpoint is {"step": N}; `--resume`
+# continues the curve after that step. "stall-once" logs half the curve, saves its checkpoint,
+# then waits (unless resumed) for SIGTERM, on which it saves again and exits. `--device` and the
+# GPUs it was given (CUDA_VISIBLE_DEVICES) go to config.json, its start and end times to summary.json.
 FAKE = textwrap.dedent('''
-    import argparse, json, signal, sys, time
+    import argparse, json, os, signal, sys, time
     from pathlib import Path
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+    began = time.time()
     p = argparse.ArgumentParser()
     p.add_argument("--env-id", required=True)
     p.add_argument("--run-dir", required=True)
@@ -47,10 +58,12 @@ FAKE = textwrap.dedent('''
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--layers", type=int, nargs="+", default=[64])
     p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--device", default="auto")
     args = p.parse_args()
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    print("fake run", args.env_id, args.seed, flush=True)
+    print("fake run", args.env_id, args.seed, "from", Path(__file__).parent, flush=True)
+    (run / "config.json").write_text(json.dumps({**vars(args), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}))
     if args.behaviour == "crash":
         sys.exit("fake.py: error: deliberate crash")
     if args.behaviour == "sleep":
@@ -66,11 +79,17 @@ FAKE = textwrap.dedent('''
         (run / "checkpoints").mkdir(exist_ok=True)
         (run / "checkpoints" / "latest.pt").write_text(json.dumps({"step": step}))
     stall = args.behaviour == "stall-once" and not args.resume
+    final = float("nan") if args.behaviour == "nan-eval" else args.score + args.seed
     for i in range(1, 11 if stall else 21):
-        if i * args.total_steps // 20 > start:
-            log("charts/episodic_return", args.score * i / 20, i * args.total_steps // 20)
+        step = i * args.total_steps // 20
+        if step > start:
+            log("charts/episodic_return", args.score * i / 20, step)
+            if i % 5 == 0 and args.behaviour != "no-eval":
+                log("eval/episodic_return", final if i == 20 else args.score * i / 20 + args.seed, step)
+            print(f"step {step:,}/{args.total_steps:,} | fake", flush=True)
     if stall:
         writer.flush()
+        save(args.total_steps // 2)
         def stop(signum, frame):
             writer.close()
             save(args.total_steps // 2)
@@ -79,27 +98,23 @@ FAKE = textwrap.dedent('''
         print("stalling", flush=True)
         time.sleep(600)
     log("charts/SPS", 1000.0, args.total_steps)
-    final = float("nan") if args.behaviour == "nan-eval" else args.score + args.seed
-    if args.behaviour != "no-eval":
-        log("eval/episodic_return", final, args.total_steps)
     writer.close()
     save(args.total_steps)
-    (run / "config.json").write_text(json.dumps(vars(args)))
     (run / "summary.json").write_text(json.dumps({
         "script": "fake.py", "algo": "fake", "env_id": args.env_id, "seed": args.seed, "start_step": start,
         "global_step": args.total_steps, "eval_mean": final, "eval_std": 0.0,
         "eval_episodes": args.eval_episodes, "eval_returns": [final], "wall_time_s": 0.5,
-        "sps": 1000.0 + args.seed, "peak_rss_mb": 50.0 + args.seed}))
+        "sps": 1000.0 + args.seed, "peak_rss_mb": 50.0 + args.seed, "began": began, "ended": time.time()}))
 ''')
 
 
 def preset_toml(name: str, *, args: str = "", seeds: int = 1, target: str = "", timeout: float = 60,
-                extra: str = "") -> str:
+                extra: str = "", full_extra: str = "", env: str = "Fake-v0") -> str:
     """A manifest entry for the fake script."""
     return textwrap.dedent(f'''
         [{name}]
         algo = "fake"
-        env_id = "Fake-v0"
+        env_id = "{env}"
         args = {{ {args} }}
         curve_threshold = 40
         {extra}
@@ -110,6 +125,7 @@ def preset_toml(name: str, *, args: str = "", seeds: int = 1, target: str = "", 
         total_steps = 200
         seeds = {seeds}
         timeout_s = {timeout}
+        {full_extra}
     ''') + (f"[{name}.target]\n{target}\n" if target else "")
 
 
@@ -119,7 +135,7 @@ def zoo(tmp_path: Path, monkeypatch):
     Runs from tmp_path, so that no default output path can land in the repository."""
     monkeypatch.chdir(tmp_path)
     algos = tmp_path / "algos"
-    algos.mkdir()
+    algos.mkdir(exist_ok=True)
     (algos / "fake.py").write_text(FAKE)
 
     def make(*entries: str) -> list[str]:
@@ -138,9 +154,10 @@ def record(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> dict:
 # --- the manifest -------------------------------------------------------------------------
 
 def test_real_zoo_is_valid_and_covers_every_algorithm(tmp_path: Path):
-    for algo in ALGOS:  # stand-ins, so this test does not depend on the algorithm files
-        (tmp_path / f"{algo}.py").touch()
-    presets = load_zoo(ROOT / "zoo", tmp_path)
+    for manifest in (ROOT / "zoo").glob("*.toml"):  # stand-ins, so this test does not depend on the algorithm files
+        for entry in tomllib.loads(manifest.read_text()).values():
+            (tmp_path / f"{entry['algo']}.py").touch()
+    presets = {n: p for n, p in load_zoo(ROOT / "zoo", tmp_path).items() if p.algo in ALGOS}
     assert {p.algo for p in presets.values()} == set(ALGOS)
     assert {"ppo_atari-breakout", "dqn_atari-breakout", "naf-pendulum", "d4pg-pendulum", "naf-invertedpendulum",
             "d4pg-halfcheetah", "ppg-cartpole", "ppg-lunarlander", "ppg-lunarlander-noaux"} <= set(presets)
@@ -149,14 +166,21 @@ def test_real_zoo_is_valid_and_covers_every_algorithm(tmp_path: Path):
     assert (pendulum.target.threshold, pendulum.target.at_least, pendulum.target.mean_min) == (-200, 4, -160)
     assert presets["ppg-lunarlander"].target.strict
     assert presets["ppg-lunarlander-noaux"].target is None
-    # The ablation differs from the tuned preset in the auxiliary phase only.
+    # The ablation differs from the tuned preset in the auxiliary phase only, and shares its chart.
     assert presets["ppg-lunarlander-noaux"].args == {**presets["ppg-lunarlander"].args, "e-aux": 0}
+    assert presets["ppg-lunarlander"].group == presets["ppg-lunarlander-noaux"].group == "ppg-lunarlander"
     assert presets["naf-invertedpendulum"].provisional and presets["d4pg-halfcheetah"].provisional
     assert presets["d4pg-pendulum"].smoke.args["batch-size"] == 32
     assert all(p.references for n, p in presets.items() if n.endswith(("breakout", "-pendulum", "cartpole")))
+    # Atari is human-normalised with the published Breakout scores; the 1M buffer asks for its memory.
+    for name in ("dqn_atari-breakout", "ppo_atari-breakout"):
+        norm = presets[name].normalise
+        assert (norm.name, norm.random, norm.reference) == ("human", 1.7, 30.5)
+    assert presets["dqn_atari-breakout"].full.memory_gb == 7 and presets["dqn_atari-breakout"].smoke.memory_gb == 0
 
 
 GOOD = 'metric = "eval_mean"\nmin = 1\nat_least = 1\nof = 1\ntext = "t"'
+NORM = '[x.normalise]\nname = "human"\nrandom = 1\nsource = "s"\n'
 BAD_MANIFESTS = {
     "unknown algorithm": (preset_toml("x").replace('algo = "fake"', 'algo = "nope"'), "unknown algorithm file"),
     "missing budget": (preset_toml("x").split("[x.full]")[0], "missing budget [x.full]"),
@@ -169,6 +193,12 @@ BAD_MANIFESTS = {
     "reserved flag": (preset_toml("x", args="total-steps = 5"), "'total-steps' is set by the runner"),
     "bad reference": (preset_toml("x", extra='references = [{name = "a", score = 1}]'), "missing 'source'"),
     "wrong type": (preset_toml("x").replace("timeout_s = 60", 'timeout_s = "1h"', 1), "'timeout_s' must be a"),
+    "fractional gpus above one": (preset_toml("x", extra="num_gpus = 1.5"), "num_gpus must be a fraction up to 1"),
+    "negative gpus": (preset_toml("x", extra="num_gpus = -1"), "num_gpus must be a fraction up to 1"),
+    "zero memory": (preset_toml("x", full_extra="memory_gb = 0"), "full: 'memory_gb' must be a positive number"),
+    "group not a string": (preset_toml("x", extra="group = 3"), "'group' must be a str"),
+    "normaliser without reference": (preset_toml("x") + NORM, "normalise: missing 'reference'"),
+    "normaliser of zero width": (preset_toml("x") + NORM + "reference = 1\n", "'reference' must differ from 'random'"),
 }
 
 
@@ -190,6 +220,22 @@ def test_duplicate_preset_across_files(tmp_path: Path, zoo):
         load_zoo(tmp_path / "zoo", tmp_path / "algos")
 
 
+BAD_OPTIONS = {
+    "--workers": (["--workers", "0"], "--workers, --seeds, --steps-scale and --timeout-scale must be positive"),
+    "--memory-gb": (["--memory-gb", "0"], "--memory-gb and --sync-interval-s must be positive"),
+    "--gpus": (["--gpus", "-1"], "--gpus at least 0"),
+    "--sync-interval-s": (["--sync-interval-s", "0"], "--memory-gb and --sync-interval-s must be positive"),
+    "--ray-requirements": (["--ray-requirements", "missing.txt"], "--ray-requirements missing.txt: no such file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OPTIONS))
+def test_bad_sweep_option_is_refused(case: str, zoo, capsys):
+    args = zoo(preset_toml("x"))
+    assert main(["full", *args, *BAD_OPTIONS[case][0]]) == 2
+    assert BAD_OPTIONS[case][1] in capsys.readouterr().err
+
+
 def test_cli_error_has_no_traceback(tmp_path: Path, zoo):
     args = zoo(preset_toml("x").replace('algo = "fake"', 'algo = "nope"'))
     proc = subprocess.run([sys.executable, "-m", "benchmark", "full", *args], cwd=ROOT, capture_output=True,
@@ -208,7 +254,9 @@ def test_smoke_records_crash_and_timeout_and_goes_on(tmp_path: Path, zoo, capsys
     assert main(["smoke", *args, "--name", "s", "--workers", "2"]) == 1
     good = record(tmp_path, "s", "good")
     assert good["status"] == "ok", good
-    assert good["command"][-4:] == ["--fast", "--layers", "3", "4"]
+    # Paths relative to the working directory (the repository), as they will be committed.
+    assert good["command"][:1] == ["algos/fake.py"] and good["command"][-4:] == ["--fast", "--layers", "3", "4"]
+    assert good["command"][good["command"].index("--run-dir") + 1] == "runs/s/good/seed1"
     config = json.loads((tmp_path / "runs/s/good/seed1/config.json").read_text())
     assert (config["total_steps"], config["fast"], config["layers"]) == (100, True, [3, 4])
     crash = record(tmp_path, "s", "crash")
@@ -271,20 +319,29 @@ def test_unfinished_run_resumes_from_its_checkpoint(tmp_path: Path, zoo, capsys)
     assert main(["full", *args, "--name", "u", *results]) == 1  # 'crash' fails again, once
     stall = record(tmp_path, "u", "stall")
     assert stall["status"] == "ok" and stall["resumed"], stall
-    assert stall["command"][-2:] == ["--resume", str(ckpt.resolve())]
-    assert stall["command"][stall["command"].index("--run-dir") + 1] == str(stall_dir.resolve())
-    assert json.loads((stall_dir / "config.json").read_text())["resume"] == str(ckpt.resolve())
+    assert stall["command"][-2:] == ["--resume", "runs/u/stall/seed1/checkpoints/latest.pt"]
+    assert json.loads((stall_dir / "config.json").read_text())["resume"] == "runs/u/stall/seed1/checkpoints/latest.pt"
     assert (stall["summary"]["start_step"], stall["summary"]["global_step"]) == (100, 200)
     # The curve continues where the checkpoint left it: both attempts' points, none twice.
     assert [step for step, _ in stall["curves"]["train"]] == list(range(10, 201, 10))
     log = (stall_dir / "benchmark.log").read_text()
-    marker = f"resumed from {ckpt.resolve()} at "
+    marker = "resumed from runs/u/stall/seed1/checkpoints/latest.pt at "
     assert log.index("stalling") < log.index(marker) < log.index("resumed at step 100"), log
     again = record(tmp_path, "u", "crash")
     assert again["status"] == "failed" and again["resumed"] and again["command"][-2] == "--resume"
     assert (crash_dir / "benchmark.log").read_text().count("deliberate crash") == 2  # appended, not replaced
     report = (tmp_path / "results/u/report.md").read_text()
     assert "seed 1: 101.0 (resumed)" in report and "### crash seed1 (resumed): exit status 1" in report
+    # The failed seed is shown and counted: "0 of 1 (1 failed)", never a silent mean over fewer seeds.
+    assert "| crash | Fake-v0 | 200 | 0 of 1 (1 failed) | — | — |" in report
+
+
+def _wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline and (proc is None or proc.poll() is None), \
+            proc.communicate() if proc else "timed out"
+        time.sleep(0.2)
 
 
 def test_sigterm_stops_the_sweep_and_its_runs(tmp_path: Path, zoo):
@@ -293,10 +350,8 @@ def test_sigterm_stops_the_sweep_and_its_runs(tmp_path: Path, zoo):
                              "--results-dir", str(tmp_path / "results")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs = tmp_path / "runs/k"
-    deadline = time.monotonic() + 120
-    while not ((runs / "slow/seed1/benchmark.log").exists() and len(list(runs.glob("a/seed*/run.json"))) == 2):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
+    _wait_for(lambda: (runs / "slow/seed1/benchmark.log").exists() and len(list(runs.glob("a/seed*/run.json"))) == 2,
+              proc)
     proc.terminate()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted; re-run with --name k to resume" in err, (out, err)
@@ -305,66 +360,160 @@ def test_sigterm_stops_the_sweep_and_its_runs(tmp_path: Path, zoo):
     assert main(["full", *args, "--name", "k", "--preset", "a"]) == 0
 
 
-# --- aggregation --------------------------------------------------------------------------
-
-def brute_iqm(scores) -> float:
-    """Fractional trimming by repetition: 4 copies of each score, drop the lowest and highest
-    quarter of the 4n values, average the rest."""
-    values = np.repeat(np.sort(scores), 4)
-    n = len(scores)
-    return float(values[n:3 * n].mean())
-
-
-def test_iqm_hand_computed():
-    assert iqm([7.0]) == 7.0
-    assert iqm([4, 1, 3, 2]) == pytest.approx(2.5)
-    assert iqm([1, 2, 3, 4, 100]) == pytest.approx(0.3 * 2 + 0.4 * 3 + 0.3 * 4)
-    assert iqm([1, 2, 3, 4, 5, 6]) == pytest.approx(3.5)
-    assert iqm(range(1, 9)) == pytest.approx(4.5)
-    rng = np.random.default_rng(3)
-    for n in range(1, 12):
-        scores = rng.normal(size=n)
-        assert iqm(scores) == pytest.approx(brute_iqm(scores))
+def _processes_with(marker: str) -> list[int]:
+    """Ids of the live processes whose command line holds `marker` (Linux /proc)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (cmdline.parent / "stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if marker in text and state != "Z" and int(cmdline.parent.name) != os.getpid():
+            pids.append(int(cmdline.parent.name))
+    return pids
 
 
-def test_bootstrap_ci_matches_a_per_resample_loop():
-    scores = np.array([-150.0, -190.0, -210.0, -170.0, -400.0])
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, 5, size=(2000, 5))
-    stats = [brute_iqm(scores[row]) for row in idx]
-    low, high = bootstrap_ci(scores)
-    assert (low, high) == pytest.approx(tuple(np.quantile(stats, [0.025, 0.975])))
-    assert low < iqm(scores) < high
-    assert bootstrap_ci(scores) == (low, high)  # fixed seed: reproducible
-    assert bootstrap_ci([5.0]) == (5.0, 5.0)
+@pytest.mark.skipif(sys.platform != "linux", reason="the runs' parent-death signal is Linux's prctl")
+def test_a_killed_driver_leaves_no_training_process(tmp_path: Path, zoo):
+    """The runs have their own session (for the time limit's group kill); when the runner dies
+    without a chance to stop them (SIGKILL), they still get SIGTERM and exit."""
+    args = zoo(preset_toml("slow", args='behaviour = "sleep"', timeout=300, env="Lost-v0"))
+    proc = subprocess.Popen([sys.executable, "-m", "benchmark", "smoke", *args, "--name", "lost"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = str(tmp_path / "algos" / "fake.py")
+    _wait_for(lambda: "fake run" in (tmp_path / "runs/lost/slow/seed1/benchmark.log").read_text(errors="replace")
+              if (tmp_path / "runs/lost/slow/seed1/benchmark.log").exists() else False, proc)
+    assert _processes_with("Lost-v0")
+    proc.kill()
+    proc.wait()
+    _wait_for(lambda: not _processes_with("Lost-v0"), timeout=30)
+    assert marker  # the fake ran from the zoo's algorithms folder
 
 
-def test_target_check_hand_cases():
-    target = Target(metric="eval_mean", threshold=-200, strict=False, at_least=4, of=5, text="t", mean_min=-160)
-    scores = [-150.0, -190.0, -210.0, -170.0, -180.0]  # 4 pass, mean -180
-    assert check_target(target, scores, None)["status"] == "missed"
-    assert check_target(target, [-150.0, -150.0, -210.0, -150.0, -140.0], None)["status"] == "met"
-    loose = Target(metric="eval_mean", threshold=-200, strict=False, at_least=4, of=5, text="t")
-    result = check_target(loose, scores, None)
-    assert (result["status"], result["passed_seeds"], result["mean"]) == ("met", 4, -180.0)
-    assert check_target(loose, [-150.0, None, -210.0, -170.0, -180.0], None)["status"] == "missed"
-    assert check_target(loose, [-200.0] * 5, None)["status"] == "met"
-    strict = Target(metric="eval_mean", threshold=100, strict=True, at_least=2, of=2, text="t")
-    assert check_target(strict, [100.0, 100.5], None)["status"] == "missed"
-    assert check_target(strict, scores, "reduced budget")["status"] == "not applicable"
-    assert check_target(None, scores, None)["status"] == "report only"
+# --- resource requests (local backend) ----------------------------------------------------
+
+def test_machine_hands_out_cpus_memory_and_gpus():
+    machine = Machine(cpus=4, memory_gb=10, gpus=[1.0, 1.0])
+    assert machine.take(1, 7, 0.5) == [0]
+    assert machine.take(1, 4, 0) is None  # 7 + 4 GB > 10 GB
+    assert machine.take(1, 3, 0.5) == [0]  # two halves share GPU 0
+    assert machine.take(1, 0, 2) is None  # GPU 0 is busy: no two whole GPUs
+    assert machine.take(1, 0, 1) == [1]
+    assert machine.take(1, 0, 0) == []
+    assert machine.take(1, 0, 0) is None  # all 4 CPUs held
+    machine.give(1, 7, 0.5, [0])
+    machine.give(1, 3, 0.5, [0])
+    machine.give(1, 0, 1, [1])
+    assert (machine.cpus, machine.memory_gb, machine.gpus) == (3, 10, [1.0, 1.0])
+    assert machine.take(1, 0, 2) == [0, 1]
 
 
-def test_crossing_step_hand_computed():
-    curve = [(10 * i, float(v)) for i, v in enumerate([0, 0, 10, 10, 10, 10, 0, 20], start=1)]
-    # 3-episode averages from episode 3 on: 3.3, 6.7, 10, 10, 6.7, 10 (at steps 30..80)
-    assert crossing_step(curve, 10, 3) == 50
-    assert crossing_step(curve, 6, 3) == 40
-    assert crossing_step(curve, 11, 3) is None
-    assert crossing_step(curve[:2], -1e9, 3) is None  # fewer episodes than the window
+def _overlap(a: dict, b: dict) -> bool:
+    return a["summary"]["began"] < b["summary"]["ended"] and b["summary"]["began"] < a["summary"]["ended"]
 
 
-# --- report, plots, README ----------------------------------------------------------------
+def test_local_backend_honours_memory_and_gpu_requests(tmp_path: Path, zoo, capsys):
+    big = "memory_gb = 0.6"
+    args = zoo(preset_toml("m1", full_extra=big), preset_toml("m2", full_extra=big),
+               preset_toml("g1", extra="num_gpus = 1"), preset_toml("g2", extra="num_gpus = 1"),
+               preset_toml("huge", full_extra="memory_gb = 5"), preset_toml("cpu"))
+    results = ["--results-dir", str(tmp_path / "results")]
+    assert main(["full", *args, "--name", "res", "--workers", "2", "--memory-gb", "1", "--gpus", "1", *results]) == 1
+    runs = {name: record(tmp_path, "res", name) for name in ("m1", "m2", "g1", "g2", "cpu")}
+    assert all(r["status"] == "ok" for r in runs.values()), runs
+    assert not _overlap(runs["m1"], runs["m2"])  # 0.6 + 0.6 GB > 1 GB: one after the other
+    assert not _overlap(runs["g1"], runs["g2"])  # one GPU between them
+    gpus = {name: json.loads((tmp_path / f"runs/res/{name}/seed1/config.json").read_text())["gpus"] for name in runs}
+    assert gpus == {"m1": "", "m2": "", "g1": "0", "g2": "0", "cpu": ""}  # no GPU to runs that asked for none
+    huge = record(tmp_path, "res", "huge")
+    assert huge["status"] == "failed" and "asks for 5 GB of memory; this machine" in huge["reason"]
+    # Without GPUs, the request is dropped with a note and CUDA_VISIBLE_DEVICES is left alone.
+    capsys.readouterr()
+    assert main(["full", *args, "--name", "nogpu", "--preset", "g1", "--gpus", "0", *results]) == 0
+    assert "no GPU here: presets that ask for one run on CPU" in capsys.readouterr().out
+    assert json.loads((tmp_path / "runs/nogpu/g1/seed1/config.json").read_text())["gpus"] is None
+
+
+# --- provenance ---------------------------------------------------------------------------
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_each_run_records_its_provenance(tmp_path: Path, zoo):
+    args = zoo(preset_toml("a"))
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "fake")
+    commit = _git(tmp_path, "rev-parse", "HEAD")
+    results = ["--results-dir", str(tmp_path / "results")]
+    assert main(["full", *args, "--name", "clean", *results]) == 0
+    prov = record(tmp_path, "clean", "a")["provenance"]
+    assert (prov["commit"], prov["dirty"], prov["device"]) == (commit, False, "cpu")
+    assert prov["host"] == os.uname().nodename and prov["versions"] == {
+        lib: metadata.version(lib) for lib in ("torch", "gymnasium", "ale-py")}
+    with open(tmp_path / "algos/fake.py", "a") as f:
+        f.write("# an uncommitted change\n")
+    assert main(["full", *args, "--name", "dirty", *results]) == 0
+    assert record(tmp_path, "dirty", "a")["provenance"]["dirty"] is True
+    report = (tmp_path / "results/dirty/report.md").read_text()
+    assert f"runs at commit(s) `{commit[:10]}` (dirty: True)" in report
+    assert f"| a/seed1 | ok | {commit[:10]} | True | {os.uname().nodename} | cpu |" in report
+
+
+def test_run_device_follows_the_runs_device_flag(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(provenance, "cuda_device", lambda env: "Fake GPU")
+    for asked, device in (("cpu", "cpu"), ("auto", "cuda (Fake GPU)"), ("cuda", "cuda (Fake GPU)")):
+        (tmp_path / "config.json").write_text(json.dumps({"device": asked}))
+        assert provenance.run_host(tmp_path, {})["device"] == device
+
+
+def test_cuda_probe_is_skipped_without_a_driver_and_cached(monkeypatch):
+    monkeypatch.setattr(provenance, "_cuda_names", {})
+    monkeypatch.setattr(provenance.shutil, "which", lambda name: None)
+    assert provenance.cuda_device({"CUDA_VISIBLE_DEVICES": "0"}) is None
+    monkeypatch.setattr(provenance.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert provenance.cuda_device({"CUDA_VISIBLE_DEVICES": "0"}) is None  # cached for that device list
+    assert provenance.cuda_device({"CUDA_VISIBLE_DEVICES": ""}) is None  # no GPU given: no probe
+
+
+# --- the manifest copy, reports from stored curves -----------------------------------------
+
+def test_report_uses_the_sweeps_manifest_copy_and_committed_curves(tmp_path: Path, zoo, capsys):
+    target = 'metric = "eval_mean"\nmin = 102\nat_least = 1\nof = 2\ntext = "final eval >= 102"'
+    args = zoo(preset_toml("a", seeds=2, target=target))
+    results_dir = tmp_path / "results"
+    assert main(["full", *args, "--name", "m", "--results-dir", str(results_dir)]) == 0
+    before = json.loads((results_dir / "m/results.json").read_text())["presets"]["a"]
+    assert before["target"]["status"] == "met" and before["sample_efficiency"]["eval_from_step"] == 100
+    # Later the target is raised and the algorithm file renamed: an old sweep reports as it ran.
+    (tmp_path / "algos/fake.py").rename(tmp_path / "algos/renamed.py")
+    zoo(preset_toml("a", seeds=2, target=target.replace("min = 102", "min = 500")).replace('"fake"', '"renamed"'))
+    assert main(["report", "--name", "m", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]) == 0
+    again = json.loads((results_dir / "m/results.json").read_text())
+    assert again["presets"]["a"]["target"] == before["target"]
+    # Without the raw runs, the committed folder alone (records, curves, manifest) gives the same numbers.
+    shutil.rmtree(tmp_path / "runs")
+    (results_dir / "m/plots/a.png").unlink()
+    assert main(["report", "--name", "m", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]) == 0
+    committed = json.loads((results_dir / "m/results.json").read_text())
+    for key in ("presets", "runs", "provenance", "groups", "normalised"):
+        assert committed[key] == again[key], key
+    assert (results_dir / "m/plots/a.png").exists()  # redrawn from curves.json
+    assert main(["report", "--name", "nope", "--results-dir", str(results_dir)]) == 2
+    assert "no sweep named 'nope'" in capsys.readouterr().err
+
+
+def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys):
+    args = zoo(preset_toml("a", args="score = 5"))
+    assert main(["smoke", *args, "--name", "c"]) == 0
+    manifest = json.loads((tmp_path / "runs/c/manifest.json").read_text())
+    assert manifest["a"]["args"] == {"score": 5}
+    args = zoo(preset_toml("a", args="score = 6"))
+    assert main(["smoke", *args, "--name", "c"]) == 2
+    assert "zoo preset 'a' changed since sweep 'c' ran it" in capsys.readouterr().err
+
 
 def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     met = 'metric = "eval_mean"\nmin = 102\nat_least = 1\nof = 2\nmean_min = 102\ntext = "final eval >= 102"'
@@ -377,22 +526,30 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     results = json.loads((results_dir / "f/results.json").read_text())
     hit = results["presets"]["hit"]
     assert hit["eval_mean"]["mean"] == pytest.approx(101.5) and hit["eval_mean"]["std"] == pytest.approx(0.5)
-    assert hit["eval_mean"]["iqm"] == pytest.approx(101.5)
+    assert hit["eval_mean"]["iqm"] == pytest.approx(101.5) and hit["eval_mean"]["iqm_ci95"] is None  # 2 seeds
     assert hit["target"]["status"] == "met" and hit["target"]["passed_seeds"] == 1
     assert results["presets"]["miss"]["target"]["status"] == "missed"  # 1 of 2 >= 102 but mean 101.5
     # Returns 5, 10, ..., 100 at steps 10, 20, ...: the 10-episode average reaches 40 at episode 12.5 -> 13.
-    assert hit["crossing"]["steps"] == [130, 130]
+    assert hit["train_crossing"]["steps"] == [130, 130]
+    # Evaluations 25 + seed, 50 + seed, 75 + seed, 100 + seed at steps 50..200: IQM >= 40 from step 100 on.
+    assert hit["sample_efficiency"]["eval_iqm_curve"] == [[50, 26.5], [100, 51.5], [150, 76.5], [200, 101.5]]
+    assert hit["sample_efficiency"]["eval_from_step"] == 100
     assert (hit["sps_mean"], hit["peak_rss_mb_max"]) == (1001.5, 52.0)
     assert hit["references"][0]["score"] == "414.7 +- 28.1"
-    assert results["machine"]["cpu_count"] >= 1 and "python -m benchmark full" in results["commands"][0]
+    assert "python -m benchmark full" in results["commands"][0]
     assert json.loads((results_dir / "latest").read_text()) == {"sweep": "f"}
     report = (results_dir / "f/report.md").read_text()
-    assert "| hit | Fake-v0 | 200 | 2 | 101.5 ± 0.5 | 101.5 [" in report and "**met** (1/2 seeds)" in report
+    assert "| hit | Fake-v0 | 200 | 2 | 101.5 ± 0.5 | 101.5 [n/a] | **met** (1/2 seeds) | ≥ 40 from 100 |" in report
     assert "peer: 414.7 +- 28.1" in report and "[plot](plots/hit.png)" in report
+    assert "training 10-episode average (exploration included) first ≥ 40 at: 130, 130" in report
     png = (results_dir / "f/plots/hit.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
-    # The runs' checkpoints stay in runs/, not in the committed results.
+    # The runs' checkpoints stay in runs/, not in the committed results, and no absolute path goes there.
     assert not list(results_dir.rglob("*.pt"))
+    for path in (results_dir / "f").glob("*.*"):
+        if path.suffix in (".json", ".md"):
+            assert str(tmp_path) not in path.read_text(), path
+    assert json.loads((results_dir / "f/curves.json").read_text())["hit/seed1"]["eval"][-1] == [200, 101.0]
 
     readme = tmp_path / "README.md"
     readme.write_text("# Title\n\nno markers\n")
@@ -405,45 +562,81 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     assert "old" not in text and "| hit | Fake-v0 |" in text and "[plot](results/f/plots/hit.png)" in text
 
 
-def test_reduced_budget_marks_targets_not_applicable(tmp_path: Path, zoo):
-    target = 'metric = "eval_mean"\nmin = 1000\nat_least = 1\nof = 1\ntext = "unreachable"'
-    args = zoo(preset_toml("x", target=target))
+def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
+    group = 'group = "g"\nreferences = [{name = "peer", score = 60, source = "s"}]'
+    norm = '[{p}.normalise]\nname = "human"\nrandom = 1\nreference = 201\nsource = "paper"\n'
+    args = zoo(preset_toml("base", seeds=3, extra=group) + norm.format(p="base"),
+               preset_toml("ablation", seeds=3, args="score = 50", extra=group) + norm.format(p="ablation"),
+               preset_toml("alone"))
     results_dir = tmp_path / "results"
-    assert main(["full", *args, "--name", "short", "--steps-scale", "0.5", "--results-dir", str(results_dir)]) == 0
-    preset = json.loads((results_dir / "short/results.json").read_text())["presets"]["x"]
-    assert preset["total_steps"] == [100] and preset["reduced_budget"]
-    assert preset["target"]["status"] == "not applicable" and "reduced budget" in preset["target"]["why"]
-    assert not (results_dir / "latest").exists()  # only a full-budget sweep becomes the README's
+    assert main(["full", *args, "--name", "g", "--results-dir", str(results_dir), "--workers", "2"]) == 0
+    results = json.loads((results_dir / "g/results.json").read_text())
+    assert results["groups"] == {"g": ["base", "ablation"]}
+    png = (results_dir / "g/plots/group-g.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10000
+    # Scores 101, 102, 103: normalised (s - 1) / 200 = 0.5, 0.505, 0.51.
+    base = results["presets"]["base"]["normalised"]
+    assert base["scores"] == pytest.approx([0.5, 0.505, 0.51]) and base["iqm"] == pytest.approx(0.505)
+    (agg,) = results["normalised"]
+    assert (agg["algo"], agg["normaliser"], agg["presets"]) == ("fake", "human", ["base", "ablation"])
+    # Pooled: 0.25, 0.255, 0.26, 0.5, 0.505, 0.51 -> trim one each side -> mean of the middle four.
+    assert agg["iqm"] == pytest.approx((0.255 + 0.26 + 0.5 + 0.505) / 4)
+    low, high = agg["iqm_ci95"]
+    assert low < agg["iqm"] < high
+    report = (results_dir / "g/report.md").read_text()
+    assert "- g: base, ablation — [plot](plots/group-g.png)" in report
+    assert "| fake | human | base, ablation | 0.380 [" in report
 
 
-def test_only_a_sweep_holding_every_preset_becomes_latest(tmp_path: Path, zoo, capsys):
-    args = zoo(preset_toml("a", seeds=2), preset_toml("b"))
-    results_dir = tmp_path / "results"
-    assert main(["full", *args, "--name", "part", "--preset", "a", "--results-dir", str(results_dir)]) == 0
-    assert not (results_dir / "latest").exists()  # a filtered sweep must not replace the README's table
-    assert "results/latest unchanged" in capsys.readouterr().out
-    assert main(["full", *args, "--name", "part", "--preset", "b", "--results-dir", str(results_dir)]) == 0
-    assert json.loads((results_dir / "latest").read_text()) == {"sweep": "part"}  # completed under one name
-    assert main(["full", *args, "--name", "other", "--preset", "a", "--seeds", "1",
-                 "--results-dir", str(results_dir)]) == 0
-    assert json.loads((results_dir / "latest").read_text()) == {"sweep": "part"}  # fewer seeds: not complete
+# --- compare ------------------------------------------------------------------------------
+
+def test_compare_two_sweeps(tmp_path: Path, zoo, capsys):
+    results = ["--results-dir", str(tmp_path / "results")]
+    for name, score in (("before", 100), ("after", 50)):
+        args = zoo(preset_toml("a", seeds=3, args=f"score = {score}"), preset_toml("b", seeds=2))
+        assert main(["full", *args, "--name", name, "--workers", "2", *results]) == 0
+    capsys.readouterr()
+    out = tmp_path / "cmp.md"
+    assert main(["compare", "before", "after", *results, "--out", str(out)]) == 1  # 'a' got worse
+    text = capsys.readouterr()
+    assert "B is worse than A with 95% confidence on: a" in text.err
+    # a: every seed of B (51..53) below every seed of A (101..103): P = 0, interval [0, 0].
+    assert "| a | 3 / 3 | 102.0 [101.0, 103.0] | 52.0 [51.0, 53.0] | 0.00 [0.00, 0.00] | **B worse** |" in text.out
+    assert "| b | 2 / 2 | 101.5 [n/a] | 101.5 [n/a] | 0.50 [n/a] | n/a (fewer than 3 seeds) |" in text.out
+    assert "Over the 2 presets (bootstrap stratified by preset): P(B > A) = 0.25 [n/a]" in text.out
+    assert out.read_text() == text.out
+    assert main(["compare", "after", "before", *results]) == 0
+    assert "| a | 3 / 3 | 52.0 [51.0, 53.0] | 102.0 [101.0, 103.0] | 1.00 [1.00, 1.00] | **B better** |" \
+        in capsys.readouterr().out
+    assert main(["compare", "before", "nope", *results]) == 2
+    assert "no sweep 'nope'" in capsys.readouterr().err
 
 
-# --- the Ray backend (a real local instance) ----------------------------------------------
+# --- progress -----------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_ray_backend_brings_outputs_back(tmp_path: Path, zoo):
-    args = zoo(preset_toml("a"), preset_toml("b", args="score = 7"))
-    results_dir = tmp_path / "results"
-    assert main(["full", *args, "--name", "ray", "--backend", "ray", "--workers", "2",
-                 "--results-dir", str(results_dir)]) == 0
-    for preset, score in (("a", 101.0), ("b", 8.0)):
-        run_dir = tmp_path / "runs/ray" / preset / "seed1"
-        assert record(tmp_path, "ray", preset)["summary"]["eval_mean"] == score
-        assert (run_dir / "config.json").exists() and "fake run" in (run_dir / "benchmark.log").read_text()
-        assert list(run_dir.glob("events.out.tfevents.*"))
-        assert not (run_dir / "checkpoints").exists()  # big files stay on the worker
-    assert (results_dir / "ray/plots/b.png").exists()
+def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
+    zoo(preset_toml("a", seeds=3), preset_toml("b"))
+    presets = load_zoo(tmp_path / "zoo.toml", tmp_path / "algos")
+    jobs = {j.key: j for j in plan_jobs(list(presets.values()), "full", tmp_path / "runs")}
+    clock = [0.0]
+    progress = Progress(list(jobs.values()), skipped=1, slots=2, stream=open(os.devnull, "w"), clock=lambda: clock[0])
+    assert progress.eta() is None and "1/5 done" in progress.line() and "eta ?" in progress.line()
+    progress.started(jobs["a/seed1"], "local")
+    progress.started(jobs["b/seed1"], "host:n1")
+    clock[0] = 60.0
+    progress.progressed(jobs["a/seed1"], (50, 200))  # a quarter in 60 s: 180 s left, 240 s in all
+    line = progress.line()
+    assert "2 running, 2 queued" in line and "a/seed1 25%, 3m00s left [local]" in line
+    assert "b/seed1 starting [host:n1]" in line and "eta ?" in line  # nothing known about b yet
+    progress.finished({"preset": "b", "seed": 1, "status": "ok", "wall_time_s": 100.0,
+                       "summary": {"eval_mean": 1.0}})
+    # Slots free at 180 s (a/seed1) and now; a/seed2 and a/seed3 take 240 s each (projected from
+    # a/seed1): one starts now and ends at 240 s, the other at 180 + 240 = 420 s.
+    assert progress.eta() == pytest.approx(420.0)
+    assert "2/5 done (0 failed, 1 from before) | 1 running, 2 queued" in progress.line()
+    progress.finished({"preset": "a", "seed": 1, "status": "failed", "wall_time_s": 200.0, "reason": "x"})
+    assert progress.eta() == pytest.approx(200.0)  # 2 runs of a's measured 200 s, on 2 slots
+    assert "3/5 done (1 failed" in progress.line()
 
 
 # --- the real zoo -------------------------------------------------------------------------
@@ -457,11 +650,22 @@ def test_smoke_over_the_real_zoo(tmp_path: Path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-def test_dqn_memory_tool_fills_the_buffer_and_reports_peak_memory():
-    proc = subprocess.run([sys.executable, "-m", "benchmark.dqn_memory", "--capacity", "6000"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+def test_dqn_memory_measures_the_buffer_over_the_baseline():
+    proc = subprocess.run([sys.executable, "-m", "benchmark", "dqn-memory", "--capacity", "6000"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    filled = re.search(r"filled 6,000 transitions in \d+ s: peak RSS ([\d,]+) MB", proc.stdout)
-    # 6,000 frames of 84x84 bytes are ~42 MB on top of the interpreter and torch
-    assert filled and int(filled.group(1).replace(",", "")) > 100, proc.stdout
+    grown = re.search(r"filled 6,000 transitions in \d+ s: RSS [\d,]+ MB, \+([\d.,]+) MB over the baseline",
+                      proc.stdout)
+    # Each frame stored once: 6,000 x 84 x 84 bytes (40.4 MiB), plus 15 bytes of action, reward and flags
+    # per transition; an empty buffer, or one storing each 4-frame stack, falls outside.
+    frames_mb = 6000 * 84 * 84 / 2**20
+    assert grown and 0.9 * frames_mb < float(grown.group(1).replace(",", "")) < frames_mb + 12, proc.stdout
     assert "1000 batches of 32 sampled" in proc.stdout
+
+
+def test_dqn_memory_bad_input(tmp_path: Path):
+    for args, fragment in ((["--capacity", "0"], "--capacity must be positive, got 0"),
+                           (["--script", str(tmp_path / "none.py")], "cannot import")):
+        proc = subprocess.run([sys.executable, "-m", "benchmark", "dqn-memory", *args], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+        check_error(proc, "benchmark: error:", fragment)
