@@ -50,21 +50,28 @@ Implementation details:
     first step. Acting is the same forward with L = 1 over all envs (no loop over envs).
     Replaying a rollout with the acting weights gives the log-probabilities and values recorded
     while acting (tested), which is what makes the PPO ratio correct.
- 8. PPO as ppo_atari.py (CleanRL defaults): Adam eps 1e-5, lr 2.5e-4 annealed linearly to 0 over
-    the run's first `--total-steps` (a resume keeps that horizon: extending a run does not
-    raise the learning rate again), 4 epochs, advantages normalised per minibatch, clipped value
-    loss, grad-norm 0.5, optional `--target-kl` early stop; channels_last convolutions.
- 9. Evaluation: the sampled policy (as published PPO scores), full games on separate envs seeded
-    seed + 10_000 (actions drawn from their own generator, so evaluating does not change
-    training), hidden state carried across steps and zeroed where training zeroes it (each game
-    start and lost life). `eval/capped_games` counts games cut by the frame limit. `--eval-only`
-    takes env, network, seed and frame limit from the checkpoint, repeating the final
-    evaluation; `--capture-video` records one more game with gymnasium's AtariPreprocessing.
-10. Checkpoints: network, optimizer, iteration, schedule horizon and the two generators used
-    (torch's: initialisation and actions; the minibatch order's). Not the emulators: a resumed
-    run restarts its games (seeded seed + step), and the acting hidden states restart at zero
-    with them (a fresh game is an episode start), so they need no saving. SIGINT/SIGTERM skip
-    or cut short evaluations, save at the end of the iteration and exit 0 without summary.json.
+ 8. PPO as ppo_atari.py (CleanRL defaults): Adam eps 1e-5 (fused), 4 epochs, advantages
+    normalised per minibatch, clipped value loss, grad-norm 0.5, optional `--target-kl` early
+    stop, channels_last convolutions; lr = 2.5e-4 (1 - step / H), with H = `--schedule-steps`,
+    by default the first run's steps, kept in the checkpoint: a resume continues the same
+    schedule, and extending an annealed run past H is refused (pass --schedule-steps to re-plan
+    it, or --no-anneal-lr) rather than training at lr 0 or making the rate jump up.
+ 9. Evaluation as ppo_atari.py: the sampled policy (as the literature's PPO scores), full games
+    on separate envs seeded seed + 10_000 + i, actions drawn on the CPU from evaluation's own
+    generator (evaluating never moves the training generators). The hidden state is carried
+    across steps and zeroed where training zeroes it: each game's start and each lost life.
+    `eval/capped_games` (`eval_capped_games` in summary.json and eval.json) counts games cut by
+    the frame limit. `--eval-only` takes env, network, seed, frame limit and frame stack from the
+    checkpoint, so it repeats the run's final evaluation. `--capture-video` records one more
+    game (seed + 20_000) with gymnasium's AtariPreprocessing, frames stacked as the vector env
+    stacks them (zero padding).
+10. Checkpoints: network, optimizer, iteration, the anneal horizon H and exactly the generators
+    drawn from: torch's default one (initialisation, actions; CUDA's on a GPU) and the minibatch
+    order's. Not the emulators: a resumed run restarts its games (seeded seed + step), and the
+    acting hidden states restart at zero with them (a fresh game is an episode start), so they
+    need no saving; the episodes in progress are lost. SIGINT/SIGTERM skip any evaluation still
+    due, save at the end of the iteration and exit 0 without summary.json (a second one kills).
+    --resume and --eval-only write into --run-dir, else the folder above checkpoints/.
 
 Usage: python recurrent_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
@@ -75,6 +82,7 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads sleep instead of spinning
 
+import difflib
 import importlib.util
 import json
 import random
@@ -92,6 +100,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from ale_py.env import AtariEnv
+from ale_py.roms import get_all_rom_ids
+from ale_py.vector_env import AtariVectorEnv
 from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
@@ -103,14 +114,14 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
-    """agent steps summed over environments (each is 4 frames)"""
+    """agent steps summed over environments (each is 4 frames); a resume keeps the run's lr schedule (--schedule-steps)"""
     num_envs: int = 8
     """parallel environments N"""
     torch_deterministic: bool = True
     """torch.use_deterministic_algorithms, for identical runs on CPU"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto picks cuda when available"""
-    exp_name: str = "recurrent_ppo_atari"
+    exp_name: str = Path(__file__).stem
     """experiment name, part of the default run directory"""
     run_dir: str | None = None
     """output directory (default runs/<env>__<exp>__<seed>__<unixtime>)"""
@@ -133,9 +144,9 @@ class Args:
     wandb_project_name: str = "rl-training"
     """Weights & Biases project"""
     max_episode_frames: int = 108_000
-    """emulator frames after which a game is truncated (bootstrapped)"""
+    """emulator frames after which a game is truncated (bootstrapped; --eval-only: the checkpoint's)"""
     frame_stack: int = 1
-    """frames per observation (1: the LSTM does the stacking; 4: RL Zoo's recurrent setting)"""
+    """frames per observation (1: the LSTM does the stacking; 4: RL Zoo's recurrent setting); fixed on resume"""
     # Recurrent PPO (CleanRL defaults, LSTM size from issue 10)
     lstm_hidden_size: int = 512
     """LSTM units H (CleanRL and RL Zoo: 128)"""
@@ -146,7 +157,9 @@ class Args:
     learning_rate: float = 2.5e-4
     """Adam learning rate"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run's first --total-steps"""
+    """anneal the learning rate linearly to 0 at --schedule-steps"""
+    schedule_steps: int | None = None
+    """step at which the annealed lr reaches 0 (default: the steps of this run, or on resume the checkpoint's)"""
     gamma: float = 0.99
     """discount factor gamma"""
     gae_lambda: float = 0.95
@@ -172,24 +185,40 @@ class Args:
 
 
 # ---------------------------------------------------------------- environment
-def atari_protocol(env_id: str) -> tuple[str, float]:
-    """(ROM id, sticky-action probability) of an Atari id (detail 1); anything else stops in one line."""
-    from ale_py import roms
+def atari_games() -> dict[str, str]:
+    """Game names as Gymnasium ids spell them -> ale_py ROM ids, for every ROM ale_py ships."""
+    return {rom.title().replace("_", ""): rom for rom in get_all_rom_ids()}  # ale_py.registration.rom_id_to_name
 
-    games = {rom.title().replace("_", ""): rom for rom in roms.get_all_rom_ids()}  # ale_py's names: TicTacToe3D
+
+def atari_protocol(env_id: str) -> tuple[str, float]:
+    """(ROM id, sticky-action probability) of an env id (detail 1); anything else stops in one line."""
+    games = atari_games()
     for pattern, sticky in ((r"(\w+)NoFrameskip-v4", 0.0), (r"ALE/(\w+)-v5", 0.25)):
         match = re.fullmatch(pattern, env_id)
         if match and match.group(1) in games:
             return games[match.group(1)], sticky
+        if match:
+            close = difflib.get_close_matches(match.group(1), games, n=1)
+            hint = f"did you mean {env_id.replace(match.group(1), close[0])}?" if close else "see ale_py.roms.get_all_rom_ids()"
+            raise fail(f"unknown Atari game {match.group(1)!r} in {env_id!r}: ale_py has no such ROM; {hint}")
     match = re.fullmatch(r"(?:ALE/)?(\w+?)(-ram)?(?:NoFrameskip|Deterministic)?-v\d+", env_id)
     if match and match.group(1) in games:
-        raise fail(f"{env_id} is not a supported protocol; use {match.group(1)}NoFrameskip-v4 or ALE/{match.group(1)}-v5 (pixels)")
-    raise fail(f"{env_id!r} is not an Atari game of ale_py; use e.g. BreakoutNoFrameskip-v4 (for other tasks: ppg.py, d4pg.py, naf.py)")
+        what = "RAM observations are not supported (this file learns from pixels)" if match.group(2) else "this variant's frame-skip protocol is not supported"
+        raise fail(f"{env_id}: {what}; use {match.group(1)}NoFrameskip-v4 or ALE/{match.group(1)}-v5")
+    try:
+        env = gym.make(env_id)
+    except Exception:
+        raise fail(f"unknown environment id {env_id!r}; use an Atari id such as BreakoutNoFrameskip-v4 or ALE/Breakout-v5")
+    act, obs = env.action_space, env.observation_space
+    env.close()
+    if isinstance(act, gym.spaces.Box):
+        raise fail(f"{env_id} is not an Atari game (continuous actions); use d4pg.py, naf.py or rlpd.py")
+    if isinstance(act, gym.spaces.Discrete) and len(obs.shape) == 1:
+        raise fail(f"{env_id} is not an Atari game (discrete actions, vector observations); use ppg.py")
+    raise fail(f"{env_id} is not an Atari game; use BreakoutNoFrameskip-v4 or ALE/<Game>-v5")
 
 
-def make_envs(game: str, sticky: float, num_envs: int, max_frames: int, frame_stack: int):
-    from ale_py.vector_env import AtariVectorEnv
-
+def make_envs(num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int) -> AtariVectorEnv:
     # Raw rewards (clipped here, to keep the score) and no life-loss episodes (read from
     # info["lives"]), so a game over can be told apart from a life loss.
     return AtariVectorEnv(
@@ -244,12 +273,9 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------- PPO math
 def learning_flags(terminated, truncated, lives, prev_lives):
-    """(terminal, truncation) for learning from one vector step (numpy bool arrays).
-
-    A life loss is terminal for learning only (the game goes on). After a game ends, `lives` is
-    that of the freshly reset game, so it is compared only where no episode ended. A game over
-    that coincides with the time limit is terminal: there is nothing left to bootstrap.
-    """
+    """(terminal, truncation) for learning from one vector step (numpy bool arrays). A life loss is
+    terminal for learning only (the game goes on). After a game ends, `lives` is that of the freshly reset
+    game, so it is compared only where no episode ended. A game over at the time limit is terminal."""
     life_lost = (lives < prev_lives) & ~(terminated | truncated)
     return terminated | life_lost, truncated & ~terminated
 
@@ -268,12 +294,10 @@ def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tenso
 
 def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma: float, gae_lambda: float):
     """Generalized advantage estimates and returns R_t = A_t + V(s_t), all (T, N) float tensors.
-
-    terminals: 1 where s_{t+1} has value 0 for learning (game over or life loss).
-    truncations: 1 where the time limit cut the episode; V(s_{t+1}) is then truncation_values
-    (V of the real final observation), not values[t + 1], which belongs to a fresh game. Either
-    ends the GAE chain. next_value: V of the observation after the last step, shape (N,).
-    """
+    terminals: 1 where s_{t+1} has value 0 for learning (game over or life loss). truncations: 1 where the
+    time limit cut the episode; V(s_{t+1}) is then truncation_values (V of the real final observation), not
+    values[t + 1] (a freshly reset game). Either ends the GAE chain: A_{t+1} belongs to another episode.
+    next_value: V of the observation after the last step, shape (N,)."""
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(truncations.bool(), truncation_values, next_values)
     deltas = rewards + gamma * (1.0 - terminals) * next_values - values
@@ -347,8 +371,7 @@ def collect(agent: Agent, envs, ro: Rollout, global_step: int, log) -> int:
         ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut  # clipped (Mnih 2015)
         ro.next_start = (terminal | cut).astype(np.float32)  # detail 5
         ro.next_obs, ro.lives = torch.from_numpy(obs_np).to(device), info["lives"]
-        ro.score += reward
-        ro.length += 1
+        ro.score, ro.length = ro.score + reward, ro.length + 1
         for i in np.flatnonzero(term | trunc):
             log.episode(global_step, ro.score[i], ro.length[i])
             ro.score[i], ro.length[i] = 0.0, 0
@@ -357,7 +380,7 @@ def collect(agent: Agent, envs, ro: Rollout, global_step: int, log) -> int:
 
 def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args, gen: torch.Generator):
     """`--update-epochs` epochs of clipped-PPO steps on minibatches of whole sequences (details 6-7).
-    Returns the logged statistics of the last minibatch and its loss."""
+    Returns the last minibatch's losses, the epochs' mean clip fraction, the explained variance and the total loss."""
     device = ro.obs.device
     obs, actions, old_logprobs, old_values, b_adv, b_returns, starts = (ro.sequences(x) for x in (
         ro.obs, ro.actions, ro.logprobs, ro.values, advantages, returns, torch.from_numpy(ro.starts).to(device)))
@@ -381,14 +404,16 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args
             clipfracs.append(clipfrac)
         if args.target_kl is not None and approx_kl.item() > args.target_kl:
             break
-    return {"losses/value_loss": v_loss.detach(), "losses/policy_loss": pg_loss.detach(), "losses/entropy": entropy.detach(),
-            "losses/approx_kl": approx_kl, "losses/clipfrac": torch.stack(clipfracs).mean()}, loss.detach()
+    var_y = b_returns.var()
+    return {"loss": loss.detach(), "losses/value_loss": v_loss.detach(), "losses/policy_loss": pg_loss.detach(),
+            "losses/entropy": entropy.detach(), "losses/approx_kl": approx_kl, "losses/clipfrac": torch.stack(clipfracs).mean(),
+            "losses/explained_variance": (1 - (b_returns - old_values).var() / var_y).item() if var_y > 0 else float("nan")}
 
 
 def checkpoint_state(agent: Agent, optimizer, iteration: int, horizon: int, gen: torch.Generator) -> dict:
     """Everything a resume needs (detail 10); the acting hidden states restart with the games."""
     return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-            "horizon": horizon, "rng": rng_state(torch=torch.default_generator, minibatch=gen)}
+            "schedule_steps": horizon, "rng": rng_state(torch=torch.default_generator, minibatch=gen)}
 
 
 # ---------------------------------------------------------------- training
@@ -402,7 +427,7 @@ def train(args: Args) -> None:
         (T % L == 0, f"--seq-len {L} does not divide --num-steps {T}; pick a divisor of {T}"),
         (N * T // L % M == 0, f"{N * T // L} sequences per rollout (num_envs * num_steps / seq_len) do not split into "
                               f"--num-minibatches {M}; choose a divisor of {N * T // L}"),
-        (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1, "--gamma and --gae-lambda must be in [0, 1]"),
+        *[(0 <= value <= 1, f"--{name} must be in [0, 1], got {value}") for name, value in {"gamma": args.gamma, "gae-lambda": args.gae_lambda}.items()],
         (args.eval_only or args.total_steps >= N * T, f"--total-steps {args.total_steps} is less than one rollout "
                                                      f"(num_envs * num_steps = {N * T}); raise it"),
     ])
@@ -411,130 +436,129 @@ def train(args: Args) -> None:
     game, sticky = atari_protocol(args.env_id)
     device = pick_device(args.device)
     seed_everything(args.seed, args.torch_deterministic)
-    same = ("num_envs", "num_steps", "seq_len", "frame_stack", "lstm_hidden_size")  # the network and the batch
-    ckpt = resume_checkpoint(args, same) if args.resume else None
-    envs = make_envs(game, sticky, N, args.max_episode_frames, args.frame_stack)
+    ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "seq_len", "frame_stack", "lstm_hidden_size")) if args.resume else None
+    num_iterations = args.total_steps // (N * T)
+    horizon = args.schedule_steps if args.schedule_steps is not None else ckpt["schedule_steps"] if ckpt else num_iterations * N * T
+    if args.anneal_lr and horizon < num_iterations * N * T:  # detail 8
+        raise fail(f"--total-steps {args.total_steps} runs past the learning-rate anneal, which reaches 0 at step {horizon} "
+                   f"({'set by --schedule-steps' if args.schedule_steps is not None else 'the schedule of the checkpoint'}); "
+                   f"pass --schedule-steps {num_iterations * N * T} (or more) to re-plan it, or --no-anneal-lr")
+    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack)
+    envs = make_envs(N, **atari)
     agent = Agent(int(envs.single_action_space.n), args.frame_stack, args.lstm_hidden_size)
     agent = agent.to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     gen = torch.Generator().manual_seed(args.seed)  # minibatch order
-    num_iterations, stop = args.total_steps // (N * T), StopSignal()
-    global_step, iteration, horizon = 0, 0, num_iterations * N * T
+    global_step, iteration = (ckpt["global_step"], ckpt["iteration"]) if ckpt else (0, 0)
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        global_step, iteration, horizon = ckpt["global_step"], ckpt["iteration"], ckpt["horizon"]
         set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=gen)
     ro = Rollout(T, N, L, args.frame_stack, args.lstm_hidden_size, device)
     obs_np, info = envs.reset(seed=args.seed + global_step)  # fresh games after a resume (detail 10)
     ro.restart(obs_np, info["lives"], agent)
-    with RunLogger(args, run_dir_for(args, args.resume), global_step, ckpt is not None, game=game, repeat_action_probability=sticky) as log:
+    stop = StopSignal()
+    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None,
+                   resolved_device=str(device), game=game, repeat_action_probability=sticky) as log:
         while iteration < num_iterations and not stop:
             iteration += 1
-            lr = args.learning_rate * max(1.0 - global_step / horizon, 0.0) if args.anneal_lr else args.learning_rate
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = args.learning_rate * (1.0 - global_step / horizon) if args.anneal_lr else args.learning_rate  # detail 8
+            optimizer.param_groups[0]["lr"] = lr
             prev_step, global_step = global_step, collect(agent, envs, ro, global_step, log)
             with torch.inference_mode():
-                next_start = torch.from_numpy(ro.next_start).to(device)[None]
-                next_value = agent(ro.next_obs[None], ro.state, next_start)[1][0]
+                next_value = agent(ro.next_obs[None], ro.state, torch.from_numpy(ro.next_start).to(device)[None])[1][0]
                 rewards, terminals, truncations = (torch.from_numpy(x).to(device) for x in (ro.rewards, ro.terminals, ro.truncations))
                 advantages, returns = gae(rewards, ro.values, next_value, terminals, truncations, ro.trunc_values, args.gamma, args.gae_lambda)
-            stats, loss = update(agent, optimizer, ro, advantages, returns, args, gen)
-            log.check_finite(loss, global_step)
-            var_y = returns.var()
-            explained_var = 1 - (returns - ro.values).var() / var_y if var_y > 0 else float("nan")
-            log.scalars(global_step, {"charts/learning_rate": lr, "charts/SPS": log.sps(global_step),
-                                      "losses/explained_variance": explained_var, **stats})
+            losses = update(agent, optimizer, ro, advantages, returns, args, gen)
+            log.check_finite(losses.pop("loss"), global_step)
+            log.scalars(global_step, {"charts/learning_rate": lr, "charts/SPS": log.sps(global_step), **losses})
             if stop:  # save right away: no evaluation, no periodic checkpoint
                 break
-            if every(global_step, prev_step, args.eval_interval) and iteration < num_iterations:
-                scores, capped, _ = evaluation(agent, game, sticky, asdict(args), None, device, stop)
+            if every(global_step, prev_step, args.eval_interval) and iteration < num_iterations:  # the final one follows
+                scores, capped = evaluate(agent, atari, args.eval_episodes, args.seed + 10_000, device, stop)
                 if not stop:  # a signal cuts the evaluation short: its scores are incomplete
                     log.scalars(global_step, {"eval/episodic_return": np.mean(scores), "eval/capped_games": capped})
             if every(global_step, prev_step, args.checkpoint_interval) and iteration < num_iterations:
                 save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(agent, optimizer, iteration, horizon, gen))
             log.progress(global_step, num_iterations * N * T)
         envs.close()
+        # final or interrupted: saved before the final evaluation, which a signal may cut short
         save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(agent, optimizer, iteration, horizon, gen))
-        if not stop:  # the final checkpoint is saved: a signal from here on cuts the evaluation short
-            scores, capped, video = evaluation(agent, game, sticky, asdict(args), log.run_dir / "videos" if args.capture_video else None, device, stop)
+        if not stop:
+            scores, capped = evaluate(agent, atari, args.eval_episodes, args.seed + 10_000, device, stop)
+        if args.capture_video and not stop:
+            record_video(agent, atari, log.run_dir / "videos", args.seed + 20_000, device)
         if stop:
             return log.interrupted(global_step)
         log.scalars(global_step, {"eval/episodic_return": np.mean(scores), "eval/capped_games": capped})
-        log.summary(global_step, scores, capped_games=capped, video_return=video, game=game, repeat_action_probability=sticky)
+        log.summary(global_step, scores, eval_capped_games=capped, game=game, repeat_action_probability=sticky)
 
 
 # ---------------------------------------------------------------- evaluation
+def sample_actions(logits: torch.Tensor, generator: torch.Generator) -> np.ndarray:
+    """a ~ pi(.|h), the evaluated policy (detail 9), drawn on the CPU from evaluation's own generator."""
+    return torch.multinomial(logits.float().softmax(-1).cpu(), 1, generator=generator).squeeze(1).numpy()
+
+
 @torch.inference_mode()
-def evaluate(agent: Agent, envs, seed: int, device, stop=None) -> tuple[list[float], int]:
-    """Unclipped scores of one full game of the sampled policy per env of `envs` (env i seeded
-    seed + i) and how many the frame limit cut (detail 9); cut short when `stop` turns true."""
-    n = envs.num_envs
+def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=None) -> tuple[list[float], int]:
+    """Unclipped scores of `episodes` full games of the sampled policy, game i seeded seed + i, and how
+    many hit the frame limit (detail 9); cut short (scores incomplete) once `stop` is true (a signal)."""
+    envs = make_envs(episodes, **atari)
     obs, info = envs.reset(seed=seed)
-    gen = torch.Generator(device).manual_seed(seed)  # its own draws: evaluating leaves training's RNG alone
-    state, start, lives = agent.initial_state(n, device), np.ones(n, np.float32), info["lives"]
-    scores, finished, capped = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    generator = torch.Generator().manual_seed(seed)
+    state, start, lives = agent.initial_state(episodes, device), np.ones(episodes, np.float32), info["lives"]
+    scores, finished, capped = np.zeros(episodes), np.zeros(episodes, dtype=bool), np.zeros(episodes, dtype=bool)
     while not finished.all() and not stop:
         logits, _, state = agent(torch.from_numpy(obs).to(device)[None], state, torch.from_numpy(start).to(device)[None])
-        action = torch.multinomial(logits[0].softmax(-1), 1, generator=gen).squeeze(1)
-        obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
+        obs, reward, term, trunc, info = envs.step(sample_actions(logits[0], generator))
         scores += reward * ~finished  # games that ended keep running; ignore them
         capped |= trunc & ~term & ~finished
         finished |= term | trunc
-        terminal, cut = learning_flags(term, trunc, info["lives"], lives)
+        terminal, cut = learning_flags(term, trunc, info["lives"], lives)  # the memory resets as in training
         start, lives = (terminal | cut).astype(np.float32), info["lives"]
     envs.close()
     return scores.tolist(), int(capped.sum())
 
 
 @torch.inference_mode()
-def record_video(agent: Agent, game: str, sticky: float, frame_stack: int, max_frames: int, seed: int, video_dir: Path, device) -> float:
-    """One sampled game rendered to mp4 (AtariVectorEnv cannot render) with the training
-    preprocessing: zero-padded frame stack, FIRE on reset, memory zeroed at each life."""
-    import ale_py
-
-    gym.register_envs(ale_py)
-    env = gym.make(f"ALE/{game.title().replace('_', '')}-v5", frameskip=1, repeat_action_probability=sticky,
-                   render_mode="rgb_array", max_num_frames_per_episode=max_frames)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
-    env = gym.wrappers.FrameStackObservation(env, frame_stack, padding_type="zero")
+def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) -> float:
+    """One game of the sampled policy rendered to mp4 (AtariVectorEnv cannot render). Frames are
+    stacked as the vector env stacks them: zero padding, the first real frame the one after FIRE;
+    the memory is zeroed at the start and after each lost life, as in training."""
+    env = AtariEnv(game=atari["game"], frameskip=1, repeat_action_probability=atari["sticky"], render_mode="rgb_array",
+                   max_num_frames_per_episode=atari["max_frames"])
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
     env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
-    obs, info = env.reset(seed=seed)
+    frame, info = env.reset(seed=seed)
     meanings = env.unwrapped.get_action_meanings()
     if "FIRE" in meanings:  # as use_fire_reset in the vector env
-        obs, _, _, _, info = env.step(meanings.index("FIRE"))
-    gen = torch.Generator(device).manual_seed(seed)
-    state, start, lives, score, done = agent.initial_state(1, device), 1.0, info["lives"], 0.0, False
+        frame, _, _, _, info = env.step(meanings.index("FIRE"))
+    stack = np.zeros((1, atari["frame_stack"], 84, 84), dtype=np.uint8)
+    generator, score, done = torch.Generator().manual_seed(seed), 0.0, False
+    state, start, lives = agent.initial_state(1, device), 1.0, info["lives"]
     while not done:
-        frames = torch.as_tensor(np.asarray(obs), device=device)[None, None]
-        logits, _, state = agent(frames, state, torch.full((1, 1), start, device=device))
-        obs, reward, term, trunc, info = env.step(int(torch.multinomial(logits[0].softmax(-1), 1, generator=gen)))
+        stack = np.concatenate([stack[:, 1:], frame[None, None]], axis=1)
+        logits, _, state = agent(torch.from_numpy(stack).to(device)[None], state, torch.full((1, 1), start, device=device))
+        frame, reward, term, trunc, info = env.step(int(sample_actions(logits[0], generator)[0]))
         score, done, start, lives = score + float(reward), term or trunc, float(info["lives"] < lives), info["lives"]
     env.close()
     return score
 
 
-def evaluation(agent: Agent, game: str, sticky: float, run_args: dict, video_dir: Path | None, device, stop=None) -> tuple:
-    """A run's evaluation (games seeded seed + 10_000 + i) and, with a video_dir, one recorded game
-    (seed + 20_000). --eval-only passes the checkpoint's arguments: it repeats the final evaluation."""
-    envs = make_envs(game, sticky, run_args["eval_episodes"], run_args["max_episode_frames"], run_args["frame_stack"])
-    scores, capped = evaluate(agent, envs, run_args["seed"] + 10_000, device, stop)
-    video = record_video(agent, game, sticky, run_args["frame_stack"], run_args["max_episode_frames"], run_args["seed"] + 20_000,
-                         video_dir, device) if video_dir and not stop else None
-    return scores, capped, video
-
-
 def eval_only(args: Args) -> None:
-    """Evaluate --checkpoint with its own env, network, seed and frame limit (--eval-episodes games)."""
+    """Evaluate --checkpoint with its own env, network, seed, frame limit and frame stack: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    run_args = {**ckpt["args"], "eval_episodes": args.eval_episodes}
+    run = ckpt["args"]
     game, sticky = atari_protocol(ckpt["env_id"])
-    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run_args["frame_stack"], run_args["lstm_hidden_size"]).to(device)
+    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"])
+    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"], run["lstm_hidden_size"])
+    agent = agent.to(device, memory_format=torch.channels_last)
     agent.load_state_dict(ckpt["agent"])
+    returns, capped = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device)
     run_dir = run_dir_for(args, args.checkpoint)
-    scores, capped, video = evaluation(agent, game, sticky, run_args, run_dir / "videos" if args.capture_video else None, device)
-    write_eval_only(run_dir, args, ckpt, scores, capped_games=capped, video_return=video)
+    video = {"video_return": record_video(agent, atari, run_dir / "videos", run["seed"] + 20_000, device)} if args.capture_video else {}
+    write_eval_only(run_dir, args, ckpt, returns, eval_capped_games=capped, **video)
 
 
 # ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).
