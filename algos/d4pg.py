@@ -198,7 +198,7 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:  # unknown
     if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py"):  # register the Atari ids, so the message names the fix
         gym.register_envs(importlib.import_module("ale_py"))
     try:
-        env = gym.make(env_id, render_mode=render_mode)
+        env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))  # envs without rendering take no render_mode
     except Exception as e:  # unknown id, missing dependency, ...
         raise fail(f"cannot make environment {env_id!r} ({(str(e).strip().splitlines() or [type(e).__name__])[0]}); pass a Gymnasium id such as Pendulum-v1")
     obs_space, act_space, problem = env.observation_space, env.action_space, None

@@ -1,4 +1,7 @@
-"""Tests of algos/d4pg.py: the math against independent references, then tiny runs."""
+"""Tests of algos/d4pg.py: the math against independent references (brute-force projection,
+hand-computed n-step returns, sampling frequencies, a plain re-statement of one update with
+Acme's DPG surrogate), then tiny runs: outputs, resume equivalence with the uninterrupted run,
+same-seed determinism against a different-seed control, signals, W&B exit codes, bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +30,9 @@ spec.loader.exec_module(d4pg)
 
 TINY = ["--total-steps", "600", "--learning-starts", "200", "--batch-size", "32", "--hidden-size", "32",
         "--buffer-size", "5000", "--eval-episodes", "1", "--eval-interval", "400"]
+# in-process runs: small networks, no periodic checkpoint or evaluation unless a test asks
+SMALL = dict(learning_starts=100, batch_size=32, hidden_size=32, buffer_size=5000, eval_episodes=1, eval_interval=0,
+             checkpoint_interval=0)
 
 
 # ---------------------------------------------------------------- categorical projection
@@ -156,9 +161,8 @@ gym.register("D4pgTestTruncate-v0", entry_point=CountingEnv, max_episode_steps=6
 def test_autoreset_step_never_stored(env_id, end, terminal):
     """Through the file's own vector env: no transition starts at a final state or spans episodes."""
     n, gamma = 3, 0.9
-    envs = d4pg.make_envs(env_id, 2)
+    envs, obs = d4pg.make_envs(env_id, 2, seed=0)
     windows = d4pg.NStepWindows(2, n, gamma, 1, 1)
-    obs, _ = envs.reset(seed=0)
     got = []
     for _ in range(3 * end + 2):
         actions = np.zeros((2, 1), np.float32)
@@ -198,14 +202,14 @@ def test_prioritized_probabilities_and_weights():
     p = rng.uniform(0.1, 5.0, size)
     buf = filled_buffer(size, 10, alpha, p)  # capacity 10: 16 leaves, 9 of them empty
     P = (p + 1e-6) ** alpha / ((p + 1e-6) ** alpha).sum()
-    idx, batch, weights = buf.sample(200_000, beta, rng)
-    assert idx.max() < size and np.array_equal(batch["obs"][:, 0], idx.astype(np.float32))
+    idx, batch, weights = buf.sample(200_000, beta, rng, "cpu")
+    assert idx.max() < size and np.array_equal(batch["obs"][:, 0].numpy(), idx.astype(np.float32))
     np.testing.assert_allclose(np.bincount(idx, minlength=size) / len(idx), P, atol=2e-3)
     w = (size * P[idx]) ** -beta
-    np.testing.assert_allclose(weights, w / w.max(), rtol=1e-5)
+    np.testing.assert_allclose(weights.numpy(), w / w.max(), rtol=1e-5)
     # equal priorities and a batch of N: stratified sampling draws every transition exactly once
-    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng)
-    assert sorted(idx) == list(range(8)) and np.allclose(weights, 1.0)
+    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng, "cpu")
+    assert sorted(idx) == list(range(8)) and torch.allclose(weights, torch.ones(8))
 
 
 def test_priority_updates():
@@ -215,18 +219,99 @@ def test_priority_updates():
     leaves = buf.tree.nodes[buf.tree.leaves : buf.tree.leaves + 5]
     np.testing.assert_allclose(leaves, (np.array([7.0, 2.0, 3.0, 0.5, 5.0]) + 1e-6) ** alpha)
     check_tree(buf.tree)
-    assert buf.tree.total == pytest.approx(leaves.sum())
+    assert buf.tree.nodes[1] == pytest.approx(leaves.sum())
     assert buf.max_priority == pytest.approx(9.0 + 1e-6)
     # new transitions enter at the largest priority so far; the ring overwrites the oldest slot
     buf.add({k: v[:2] for k, v in filled_buffer(2, 2, alpha, np.ones(2)).data.items()})
     assert buf.size == 6 and buf.pos == 1
     np.testing.assert_allclose(buf.tree.nodes[buf.tree.leaves + np.array([5, 0])], (9.0 + 1e-6) ** alpha)
     check_tree(buf.tree)
-    state = buf.state_dict()  # and the priorities survive a checkpoint
-    restored = d4pg.ReplayBuffer(6, 1, 1, prioritized=True, alpha=alpha)
-    restored.load_state_dict(state)
+    restored = d4pg.ReplayBuffer(6, 1, 1, prioritized=True, alpha=alpha)  # and the priorities survive a checkpoint
+    restored.load_state_dict(buf.state_dict())
     np.testing.assert_array_equal(restored.tree.nodes, buf.tree.nodes)
-    assert restored.sample(4, 0.4, np.random.default_rng(3))[0].tolist() == buf.sample(4, 0.4, np.random.default_rng(3))[0].tolist()
+    assert restored.max_priority == buf.max_priority
+    assert restored.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist() == buf.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist()
+
+
+# ---------------------------------------------------------------- one update, against a plain re-statement
+def small_nets(seed=0, obs_dim=3, act_dim=2, hidden=16, atoms=11, lr=0.1):
+    """Random networks (targets different from the online ones) with SGD, so that a step is -lr * gradient
+    and a clipped gradient shows in the parameters (Adam's first step would hide its scale)."""
+    torch.manual_seed(seed)
+    actor, critic = d4pg.Actor(obs_dim, act_dim, hidden), d4pg.Critic(obs_dim, act_dim, hidden, atoms)
+    with torch.no_grad():
+        actor.head.weight.normal_(0, 1.0)  # not the near-zero init: a = tanh(.) away from 0
+    nets = {"actor": actor, "critic": critic, "actor_target": d4pg.Actor(obs_dim, act_dim, hidden),
+            "critic_target": d4pg.Critic(obs_dim, act_dim, hidden, atoms)}
+    nets["actor_optim"] = torch.optim.SGD(actor.parameters(), lr=lr)
+    nets["critic_optim"] = torch.optim.SGD(critic.parameters(), lr=lr)
+    B = 64
+    batch = {"obs": torch.randn(B, obs_dim), "actions": torch.rand(B, act_dim) * 2 - 1, "returns": torch.randn(B) * 20,
+             "discounts": torch.tensor([0.0, 0.9**3] * (B // 2)), "next_obs": torch.randn(B, obs_dim)}
+    return nets, batch, torch.rand(B) + 0.5, torch.linspace(-100.0, 100.0, atoms)
+
+
+def reference_update(nets, b, weights, z, dqda_clip, max_grad_norm, tau, lr=0.1):
+    """Detail 8 written out with explicit gradients: a critic SGD step on the weighted cross-entropy against
+    the brute-force projection; then an actor step through the updated critic on Acme's DPG surrogate
+    0.5 |stop_grad(a + clip(dQ/da)) - a|^2 (dQ/da clipped per sample to L2 norm dqda_clip); each
+    network's gradient clipped to global norm max_grad_norm; then the Polyak update of both targets."""
+    actor, critic = nets["actor"], nets["critic"]
+
+    def sgd(net, loss):
+        grads = torch.autograd.grad(loss, list(net.parameters()))
+        norm = torch.sqrt(sum((g**2).sum() for g in grads))
+        scale = min(1.0, max_grad_norm / (norm.item() + 1e-6)) if max_grad_norm else 1.0
+        with torch.no_grad():
+            for p, g in zip(net.parameters(), grads):
+                p -= lr * scale * g
+        return norm.item()
+
+    with torch.no_grad():
+        p_next = nets["critic_target"](b["next_obs"], nets["actor_target"](b["next_obs"])).softmax(-1)
+    target = torch.tensor(brute_force_projection(b["returns"].double().numpy(), b["discounts"].double().numpy(),
+                                                 p_next.double().numpy(), z.double().numpy()), dtype=torch.float32)
+    log_p = torch.log_softmax(critic(b["obs"], b["actions"]), -1)
+    critic_norm = sgd(critic, (weights * -(target * log_p).sum(-1)).mean())
+    a = actor(b["obs"])
+    dqda = torch.autograd.grad((critic(b["obs"], a).softmax(-1) * z).sum(), a, retain_graph=True)[0]
+    norms = dqda.norm(dim=-1, keepdim=True)
+    if dqda_clip:
+        dqda = torch.where(norms > dqda_clip, dqda * dqda_clip / norms, dqda)
+    actor_norm = sgd(actor, 0.5 * ((a + dqda).detach() - a).pow(2).sum(-1).mean())
+    with torch.no_grad():
+        for net, target_net in ((actor, nets["actor_target"]), (critic, nets["critic_target"])):
+            for p, p_target in zip(net.parameters(), target_net.parameters()):
+                p_target.copy_(tau * p + (1 - tau) * p_target)
+    return critic_norm, actor_norm, norms.squeeze(-1)
+
+
+@pytest.mark.parametrize("dqda_clip, max_grad_norm", [(0.0, 0.0), (1.0, 0.0), (0.0, 0.05), (1.0, 0.05)])
+def test_update_matches_reference(dqda_clip, max_grad_norm):
+    """Default (no clipping) and each of Acme's two clips: d4pg.update leaves the same parameters as the
+    re-statement, so the order (critic step first, actor through the updated critic) is pinned too."""
+    args = d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm, tau=0.1)
+    nets, batch, weights, z = small_nets()
+    ref_nets, _, _, _ = small_nets()
+    metrics, priorities = d4pg.update(**nets, b=batch, weights=weights, z=z, args=args)
+    critic_norm, actor_norm, dqda_norms = reference_update(ref_nets, batch, weights, z, dqda_clip, max_grad_norm, tau=0.1)
+    # the clips must bind for the comparison to mean something: some samples' dQ/da beyond 1, not all
+    assert 0 < (dqda_norms > 1.0).float().mean() < 1 and min(critic_norm, actor_norm) > 0.05
+    for key in ("actor", "critic", "actor_target", "critic_target"):
+        for (name, got), want in zip(nets[key].state_dict().items(), ref_nets[key].state_dict().values()):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{key}.{name}")
+    assert metrics["losses/q_values"] == pytest.approx(-metrics["losses/actor_loss"].item())
+    assert priorities.shape == (64,) and (priorities > -1e-5).all()  # KL(Phi Y || p) >= 0
+
+
+def test_clips_change_the_update():
+    """Control for the test above: each clip, when it binds, moves the parameters elsewhere."""
+    finals = []
+    for dqda_clip, max_grad_norm in ((0.0, 0.0), (1.0, 0.0), (0.0, 0.05)):
+        nets, batch, weights, z = small_nets()
+        d4pg.update(**nets, b=batch, weights=weights, z=z, args=d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm))
+        finals.append(torch.cat([p.flatten() for p in nets["actor"].parameters()]))
+    assert not torch.allclose(finals[0], finals[1]) and not torch.allclose(finals[0], finals[2])
 
 
 # ---------------------------------------------------------------- bad input (in process: same message, no subprocess)
@@ -241,54 +326,59 @@ def error_of(**kwargs) -> str:
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"env_id": "CartPole-v1"}, "ppg.py"),
     ({"env_id": "CarRacing-v3"}, "ppo_atari.py or dqn_atari.py"),
-    ({"batch_size": 0}, "--batch-size"),
-    ({"buffer_size": 10, "batch_size": 32}, "--buffer-size"),
-    ({"v_min": 5.0, "v_max": 5.0}, "--v-min"),
-    ({"n_step": 0}, "--n-step"),
-    ({"num_atoms": 1}, "--num-atoms"),
-    ({"gamma": 1.5}, "--gamma"),
-    ({"per_beta": 2.0}, "--per-beta"),
-    ({"updates_per_step": 0.0}, "--updates-per-step"),
-    ({"device": "tpu"}, "--device"),
-    pytest.param({"device": "cuda"}, "no CUDA device",
+    ({"env_id": "NoSuchEnv-v0"}, "cannot make environment 'NoSuchEnv-v0'"),
+    ({"num_envs": 0}, "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1"),
+    ({"n_step": 0}, "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1"),
+    ({"buffer_size": 10, "batch_size": 32}, "--buffer-size must be at least --batch-size"),
+    ({"num_atoms": 1}, "--num-atoms of at least 2"),
+    ({"v_min": 5.0, "v_max": 5.0}, "--v-min below --v-max"),
+    ({"gamma": 1.5}, "--gamma and --tau must lie in (0, 1]"),
+    ({"tau": 0.0}, "--gamma and --tau must lie in (0, 1]"),
+    ({"per_beta": 2.0}, "--per-beta in [0, 1]"),
+    ({"critic_lr": 0.0}, "--actor-lr, --critic-lr and --updates-per-step must be positive"),
+    ({"updates_per_step": 0.0}, "--actor-lr, --critic-lr and --updates-per-step must be positive"),
+    ({"sigma": -0.1}, "must be >= 0"),
+    ({"dqda_clip": -1.0}, "--dqda-clip and --max-grad-norm must be >= 0"),
+    ({"max_grad_norm": -1.0}, "--dqda-clip and --max-grad-norm must be >= 0"),
+    ({"total_steps": 0}, "--total-steps must be positive"),
+    pytest.param({"device": "cuda"}, "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the error needs a machine without CUDA")),
-    ({"eval_only": True}, "--checkpoint"),
+    ({"eval_only": True}, "--eval-only needs --checkpoint"),
     ({"resume": "/nonexistent/latest.pt"}, "does not exist"),
 ])
-def test_bad_input_messages(kwargs, fragment):
-    assert fragment in error_of(**kwargs)
+def test_bad_input_messages(kwargs, fragment, tmp_path):
+    assert fragment in error_of(run_dir=str(tmp_path / "run"), **kwargs)
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_refuses_foreign_and_incompatible_checkpoints(tmp_path):
-    other = tmp_path / "naf.pt"
-    torch.save({"algo": "naf", "args": {}}, other)
-    assert "'naf', not d4pg" in error_of(resume=str(other))
-    mine = tmp_path / "d4pg.pt"
-    torch.save({"algo": "d4pg", "args": asdict(d4pg.Args(num_atoms=11))}, mine)
-    assert "--num-atoms 11" in error_of(resume=str(mine))
-    torch.save({"algo": "d4pg", "args": asdict(d4pg.Args(env_id="HalfCheetah-v5"))}, mine)
-    assert "--env-id HalfCheetah-v5" in error_of(resume=str(mine))
-    torch.save({"algo": "d4pg", "args": asdict(d4pg.Args()), "global_step": 30_000}, mine)
-    assert "at step 30000, beyond --total-steps 20000; pass --total-steps 30000" in error_of(resume=str(mine))
+    path = tmp_path / "latest.pt"
 
+    def refusal(ckpt, **kwargs):
+        torch.save({"env_id": "Pendulum-v1", "global_step": 100, "args": asdict(d4pg.Args()), **ckpt}, path)
+        return error_of(resume=str(path), **kwargs)
 
-def test_checkpoint_run_dir(tmp_path):
-    assert d4pg.checkpoint_run_dir(str(tmp_path / "run" / "checkpoints" / "latest.pt")) == str((tmp_path / "run").resolve())
-    assert d4pg.checkpoint_run_dir(str(tmp_path / "copy.pt")) == str(tmp_path.resolve())
+    assert "written by naf.py, not d4pg.py" in refusal({"algo": "naf"})
+    assert "is for HalfCheetah-v5, not Pendulum-v1" in refusal({"algo": "d4pg", "env_id": "HalfCheetah-v5"})
+    assert "made with --num-atoms 11, not 51; pass --num-atoms 11" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(num_atoms=11))})
+    assert "--prioritized True, not False" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(prioritized=True))})
+    assert "below the checkpoint's step 30000" in refusal({"algo": "d4pg", "global_step": 30_000})
+    torch.save({"algo": "d4pg"}, path)
+    assert "not a checkpoint written by this library" in error_of(resume=str(path))
 
 
 def test_track_without_wandb_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
-    assert "--track needs the wandb package" in error_of(track=True, run_dir=str(tmp_path / "run"))
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails
+    assert "--track needs wandb" in error_of(track=True, run_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
 def test_bad_input_by_subprocess(tmp_path):
-    check_error(run_script("d4pg.py", "--env-id", "NoSuchEnv-v0"), "NoSuchEnv-v0", "Pendulum-v1")
+    check_error(run_script("d4pg.py", "--env-id", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "a")), "d4pg.py: error", "NoSuchEnv-v0")
     corrupt = tmp_path / "latest.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    check_error(run_script("d4pg.py", "--resume", str(corrupt)), "corrupt")
-    assert not Path("runs").exists() or not any(Path("runs").glob("NoSuchEnv*"))
+    check_error(run_script("d4pg.py", "--resume", str(corrupt), "--run-dir", str(tmp_path / "b")), "corrupt")
+    assert not list(tmp_path.glob("?"))
 
 
 # ---------------------------------------------------------------- tiny runs
@@ -308,7 +398,7 @@ def test_copy_alone_run_outputs_and_eval_only(tmp_path):
     for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
                 "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
         assert key in s
-    assert s["script"] == "d4pg.py" and s["global_step"] == 600 and s["eval_episodes"] == 1
+    assert (s["script"], s["algo"], s["global_step"], s["eval_episodes"]) == ("d4pg.py", "d4pg", 600, 1)
     assert json.loads((run / "config.json").read_text())["total_steps"] == 600
     for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
                 "losses/critic_loss", "losses/actor_loss", "losses/q_values"):
@@ -316,54 +406,141 @@ def test_copy_alone_run_outputs_and_eval_only(tmp_path):
     assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 600]
     assert scalars(run, "eval/episodic_return")[-1][1] == pytest.approx(s["eval_mean"])
     ckpt = load(run / "checkpoints" / "latest.pt")
-    assert ckpt["algo"] == "d4pg" and ckpt["global_step"] == 600 and ckpt["num_updates"] == 401  # one update per step from step 200
+    assert ckpt["algo"] == "d4pg" and ckpt["global_step"] == 600 and ckpt["num_updates"] == 401  # one per step from step 200
     assert ckpt["buffer"]["size"] == 600 and ckpt["windows"]["count"].tolist() == [0]  # 3 whole episodes of 200
+    assert set(ckpt["rng"]) == {"torch", "numpy"}  # exactly the generators the file draws from (no CUDA here)
 
     proc = run_script(script, "--eval-only", "--checkpoint", str(run / "checkpoints" / "latest.pt"),
                       "--eval-episodes", "1", "--capture-video", cwd=tmp_path)
     check_ok(proc)
     result = json.loads((run / "eval.json").read_text())
-    assert result["eval_mean"] == pytest.approx(s["eval_mean"])  # same seeds, same deterministic actor
+    assert result["eval_returns"] == s["eval_returns"]  # same seeds, same deterministic actor
     assert list((run / "videos").glob("*.mp4"))
 
 
 @pytest.mark.slow
-def test_resume_continues_buffer_steps_and_curve(tmp_path):
-    run = tmp_path / "run"
-    args = [*TINY, "--num-envs", "2", "--run-dir", str(run)]
-    check_ok(run_script("d4pg.py", *args[2:], "--total-steps", "500"))
-    first = tmp_path / "first.pt"
+def test_resume_flushes_windows_and_continues_curve(tmp_path, restore_signals):
+    """Resume in the middle of episodes (2 envs, 250 vector steps): the buffer keeps its data, the pending
+    windows become transitions truncated at the saved last observation, the curve continues without
+    duplicates, and the PER beta keeps the first run's horizon."""
+    run, first = tmp_path / "run", tmp_path / "first.pt"
+    flags = dict(SMALL, num_envs=2, learning_starts=200, eval_interval=400, run_dir=str(run))
+    d4pg.train(d4pg.Args(total_steps=500, **flags))
     shutil.copy(run / "checkpoints" / "latest.pt", first)
-    proc = run_script("d4pg.py", *args[2:], "--total-steps", "1000", "--resume", str(first))
-    check_ok(proc)
-    assert "warning" not in proc.stderr  # Pendulum's returns lie inside the default support
+    d4pg.train(d4pg.Args(total_steps=1000, resume=str(first), **flags))
     a, b = load(first), load(run / "checkpoints" / "latest.pt")
     assert summary(run)["global_step"] == b["global_step"] == 1000 and b["num_updates"] > a["num_updates"]
+    assert a["beta_horizon"] == b["beta_horizon"] == 500
     n_a = a["buffer"]["size"]
     assert n_a == 500 - 2 * 4 and a["windows"]["count"].tolist() == [4, 4]
     for key in ("obs", "actions", "returns", "discounts", "next_obs"):
         torch.testing.assert_close(b["buffer"][key][:n_a], a["buffer"][key])  # the same data
-    # then the pending windows, flushed as truncated at the saved last observation
-    flushed = b["buffer"]["obs"][n_a : n_a + 8]
-    torch.testing.assert_close(flushed, a["windows"]["obs"][:, :4].reshape(8, -1))
-    torch.testing.assert_close(b["buffer"]["next_obs"][n_a : n_a + 8], a["last_obs"].repeat_interleave(4, 0))
-    # one curve: the second process's points come after the first's, without duplicates
+    flushed = {k: b["buffer"][k][n_a : n_a + 8] for k in ("obs", "returns", "discounts", "next_obs")}
+    torch.testing.assert_close(flushed["obs"], a["windows"]["obs"][:, :4].reshape(8, -1))
+    torch.testing.assert_close(flushed["next_obs"], a["last_obs"].repeat_interleave(4, 0))
+    gamma, r = 0.99, a["windows"]["rewards"][:, :4].double()
+    expected = torch.stack([sum(gamma**k * r[e, j + k] for k in range(4 - j)) for e in range(2) for j in range(4)])
+    torch.testing.assert_close(flushed["returns"].double(), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(flushed["discounts"], torch.tensor([gamma ** (4 - j) for _ in range(2) for j in range(4)]))
     assert [step for step, _ in scalars(run, "charts/episodic_return")] == [400, 400, 900, 900]
-    assert [step for step, _ in scalars(run, "losses/critic_loss")] == [200, 400, 600, 800, 1000]
+    assert [step for step, _ in scalars(run, "losses/critic_loss")] == [200, 400, 500, 600, 800, 1000]
     assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 500, 800, 1000]
 
 
+class LineEnv(gym.Env):
+    """x moves by 0.2 a, reward -x^2; every episode starts at x = 0.5 whatever the seed, so a resumed
+    run whose checkpoint lies on an episode boundary sees what the uninterrupted run sees."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 0.5, 0
+        return np.array([self.x, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.x, self.t = float(np.clip(self.x + 0.2 * action[0], -2, 2)), self.t + 1
+        return np.array([self.x, self.t / 25], np.float32), -self.x**2, False, False, {}
+
+
+gym.register("D4pgTestLine-v0", entry_point=LineEnv, max_episode_steps=25)
+LINE = dict(SMALL, env_id="D4pgTestLine-v0", num_envs=2, total_steps=200, learning_starts=50, batch_size=16,
+            hidden_size=16, n_step=3, v_min=-100.0, checkpoint_interval=100)
+
+
+def run_with_checkpoint_copy(monkeypatch, args, step, copy_to):
+    real_save = d4pg.save_checkpoint
+
+    def save_and_copy(path, args, global_step, state):
+        real_save(path, args, global_step, state)
+        if global_step == step:
+            shutil.copy(path, copy_to)
+
+    monkeypatch.setattr(d4pg, "save_checkpoint", save_and_copy)
+    d4pg.train(args)
+    monkeypatch.setattr(d4pg, "save_checkpoint", real_save)
+
+
+def after(run, step):
+    tags = ("losses/critic_loss", "losses/actor_loss", "losses/q_values", "charts/num_updates",
+            "charts/episodic_return", "eval/episodic_return")
+    return {tag: [(s, v) for s, v in scalars(run, tag) if s > step] for tag in tags}
+
+
 @pytest.mark.slow
-def test_same_seed_same_metrics(tmp_path):
-    runs = []
-    for name in ("a", "b"):
-        check_ok(run_script("d4pg.py", *TINY, "--prioritized", "--num-envs", "2", "--run-dir", str(tmp_path / name)))
-        runs.append(tmp_path / name)
-    losses = [scalars(r, "losses/critic_loss") for r in runs]
-    assert losses[0] and losses[0] == losses[1]
-    assert summary(runs[0])["eval_returns"] == summary(runs[1])["eval_returns"]
-    prio = [load(r / "checkpoints" / "latest.pt")["buffer"]["priorities"] for r in runs]
-    assert len(prio[0]) == 600 - 2 * 4 and torch.equal(prio[0], prio[1]) and prio[0].std() > 0
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, restore_signals, prioritized):
+    """Checkpointed at step 100 (an episode boundary of both envs) and resumed, a run ends with the
+    same networks, optimizer moments, targets, replay, priorities, windows and generator states, and
+    logs the same metrics after step 100, as the run that never stopped."""
+    whole, resumed, mid = tmp_path / "whole", tmp_path / "resumed", tmp_path / "step100.pt"
+    run_with_checkpoint_copy(monkeypatch, d4pg.Args(run_dir=str(whole), prioritized=prioritized, **LINE), 100, mid)
+    assert load(mid)["num_updates"] > 0 and load(mid)["windows"]["count"].tolist() == [0, 0]
+    d4pg.train(d4pg.Args(run_dir=str(resumed), resume=str(mid), prioritized=prioritized, **LINE))
+    a, b = load(whole / "checkpoints" / "latest.pt"), load(resumed / "checkpoints" / "latest.pt")
+    for key in ("actor", "critic", "actor_target", "critic_target", "buffer", "windows"):
+        for name in a[key]:
+            torch.testing.assert_close(b[key][name], a[key][name], rtol=0, atol=0, msg=f"{key}.{name}")
+    if prioritized:
+        assert a["buffer"]["priorities"].std() > 0
+    for key in ("actor_optim", "critic_optim"):
+        for i, moments in a[key]["state"].items():
+            for name, value in moments.items():
+                torch.testing.assert_close(b[key]["state"][i][name], value, rtol=0, atol=0)
+    assert (a["num_updates"], a["updates_due"], a["rng"]["numpy"]) == (b["num_updates"], b["updates_due"], b["rng"]["numpy"])
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    logged = after(whole, 100)
+    assert logged["losses/critic_loss"] and logged["charts/episodic_return"] and logged["eval/episodic_return"]
+    assert after(resumed, 100) == logged
+
+
+@pytest.mark.slow
+def test_resume_equivalence_detects_an_unrestored_generator(tmp_path, monkeypatch, restore_signals):
+    """Control: the same resume with the numpy generator left at its fresh seed ends elsewhere."""
+    whole, resumed, mid = tmp_path / "whole", tmp_path / "resumed", tmp_path / "step100.pt"
+    run_with_checkpoint_copy(monkeypatch, d4pg.Args(run_dir=str(whole), **LINE), 100, mid)
+    real_set = d4pg.set_rng_state
+    monkeypatch.setattr(d4pg, "set_rng_state", lambda state, **gens: real_set(state, torch=gens["torch"]))
+    d4pg.train(d4pg.Args(run_dir=str(resumed), resume=str(mid), **LINE))
+    a, b = load(whole / "checkpoints" / "latest.pt"), load(resumed / "checkpoints" / "latest.pt")
+    assert not torch.equal(a["actor"]["head.weight"], b["actor"]["head.weight"])
+    assert after(resumed, 100)["losses/critic_loss"] != after(whole, 100)["losses/critic_loss"]
+
+
+@pytest.mark.slow
+def test_same_seed_same_run_other_seed_other_run(tmp_path, restore_signals):
+    runs = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        d4pg.train(d4pg.Args(seed=seed, total_steps=400, prioritized=True, num_envs=2, run_dir=str(tmp_path / name), **SMALL))
+        ckpt = load(tmp_path / name / "checkpoints" / "latest.pt")
+        runs[name] = (scalars(tmp_path / name, "losses/critic_loss"), summary(tmp_path / name)["eval_returns"],
+                      ckpt["buffer"]["priorities"], ckpt["actor"]["head.weight"])
+    (loss_a, eval_a, prio_a, w_a), (loss_b, eval_b, prio_b, w_b), (loss_c, eval_c, prio_c, w_c) = runs.values()
+    assert loss_a and loss_a == loss_b and eval_a == eval_b and torch.equal(prio_a, prio_b) and torch.equal(w_a, w_b)
+    assert len(prio_a) == 400 and prio_a.std() > 0  # both envs' second episode ends at step 400: nothing pending
+    # the seed matters, so the equalities above mean something
+    assert loss_a != loss_c and eval_a != eval_c and not torch.equal(prio_a, prio_c) and not torch.equal(w_a, w_c)
 
 
 @pytest.mark.slow
@@ -378,50 +555,48 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert "SIGTERM" in out and not (run / "summary.json").exists()
+    assert "interrupted: checkpoint saved" in out and not (run / "summary.json").exists()
     step = load(run / "checkpoints" / "latest.pt")["global_step"]
     assert 100 <= step < 1_000_000 and f"step {step:,}" in out
 
 
 # ---------------------------------------------------------------- in process: outputs, signals, W&B
-IN_PROCESS = dict(learning_starts=100, batch_size=32, hidden_size=32, buffer_size=5000, eval_episodes=1, checkpoint_interval=0)
-
-
 @pytest.mark.slow
 def test_in_process_run_sps_wandb_and_eval_only(tmp_path, fake_wandb, restore_signals):
     run = tmp_path / "run"
-    d4pg.train(d4pg.Args(seed=3, total_steps=300, eval_interval=0, track=True, run_dir=str(run), **IN_PROCESS))
+    d4pg.train(d4pg.Args(seed=3, total_steps=300, track=True, run_dir=str(run), **SMALL))
     s = summary(run)
     # sps counts the training loop only: the startup and the final evaluation are in wall_time_s
     assert s["sps"] * s["wall_time_s"] > s["global_step"] == 300
-    assert [step for step, _ in scalars(run, "losses/q_values")] == [200]
-    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish at the end
+    assert [step for step, _ in scalars(run, "losses/q_values")] == [200, 300]
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish 0 on success
     check_eval_only_after_move(run, lambda ckpt: d4pg.train(d4pg.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=3)
 
 
 def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, restore_signals, monkeypatch):
     """A SIGTERM during the env step that reaches step 100, where an evaluation is due: no evaluation
     (periodic or final), no summary, the checkpoint holds step 100, a second Ctrl-C would kill at
-    once, and the W&B run is finished."""
+    once, and the W&B run is finished with exit code 0."""
     real_eval, evals = d4pg.evaluate, []
     final_then_signal, steps = sigterm_on_call(100, d4pg.final_observations)  # called once per vector step
     monkeypatch.setattr(d4pg, "final_observations", final_then_signal)
     monkeypatch.setattr(d4pg, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
     run = tmp_path / "run"
-    d4pg.train(d4pg.Args(total_steps=1000, eval_interval=100, track=True, run_dir=str(run), **IN_PROCESS))
+    d4pg.train(d4pg.Args(total_steps=1000, track=True, run_dir=str(run), **{**SMALL, "eval_interval": 100}))
     assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
     assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
     assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
     assert fake_wandb.calls[-1] == ("finish", 0)
 
 
-def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, restore_signals, monkeypatch):
-    """A NaN target from the first update (step 150) stops training at the next check (step 200)
-    in one line; the checkpoint of step 100 stays as it was and no summary.json is written."""
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, fake_wandb, restore_signals, monkeypatch):
+    """A NaN target from the first update (step 150) stops training there in one line; the checkpoint
+    of step 100 stays as it was, no summary.json is written, and W&B is told the run failed."""
     real_projection = d4pg.categorical_projection
     monkeypatch.setattr(d4pg, "categorical_projection", lambda *a: real_projection(*a) * float("nan"))
     run = tmp_path / "run"
-    message = error_of(total_steps=300, run_dir=str(run), **{**IN_PROCESS, "learning_starts": 150, "checkpoint_interval": 100})
-    assert "non-finite loss by step 200" in message
+    message = error_of(total_steps=300, track=True, run_dir=str(run), **{**SMALL, "learning_starts": 150, "checkpoint_interval": 100})
+    assert "non-finite loss at step 150" in message
     assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
     assert not (run / "summary.json").exists()
+    assert fake_wandb.calls == [("init", []), ("finish", 1)]
