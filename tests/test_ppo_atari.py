@@ -1,8 +1,11 @@
 """Tests of algos/ppo_atari.py: GAE with truncation and life loss against hand-computed values and
-a per-step loop, the step flags and truncation bootstrap on a fake and on the real env, the env-id
-protocol, in-process runs (signal and non-finite exits with W&B finished, eval-only's seed and run
-dir, CUDA RNG in checkpoints), tiny subprocess runs (outputs, copy-alone, resume, determinism,
-eval-only with video, SIGTERM), and every bad-input message."""
+a per-step loop, the step flags and truncation bootstrap on a fake and on the real env, forward
+passes that leave the caller's tensor alone, env ids against ale_py's ROM list and Gymnasium's
+registry, the sampled-policy evaluation and its capped-game count, the video's zero padding,
+in-process runs on a stateless fake game (resume equivalence with controls that drop one restored
+piece each, the learning-rate schedule across a resume, --frame-stack, W&B exit codes, signals),
+tiny subprocess runs (outputs, copy-alone, determinism with a different-seed control, eval-only
+with video, SIGTERM), and every bad-input message."""
 
 from __future__ import annotations
 
@@ -13,19 +16,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from ale_py import roms
 
-from pathlib import Path
-
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, summary
+from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, sigterm_on_call, summary
 
 SCRIPT = "ppo_atari.py"
 TINY = ("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
         "--eval-episodes", "1", "--max-episode-frames", "2000")
+TINY_ARGS = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, eval_episodes=1, max_episode_frames=200)
 
 
 def load_module():
@@ -132,7 +135,7 @@ def test_step_targets_real_truncation():
     """On the real vector env with a 40-frame limit: the bootstrap is V(final_obs), not V(reset obs)."""
     torch.manual_seed(0)
     agent = ppo.Agent(4)
-    envs = ppo.make_envs("breakout", 0.0, 2, 40)
+    envs = ppo.make_envs(2, "breakout", 0.0, 40, 4)
     obs, info = envs.reset(seed=0)
     lives, rng = info["lives"], np.random.default_rng(0)
     for _ in range(30):
@@ -168,46 +171,290 @@ def test_ppo_losses_clip():
     assert vl_c.item() == pytest.approx(0.5 * 0.81 / 3)  # (0.1 - 1)^2 > (0.5 - 1)^2
 
 
+@pytest.mark.parametrize("stack", [1, 4])
+def test_forward_leaves_the_callers_tensor_alone(stack):
+    """A float, channels-last batch (the layout the network converts to) must not be scaled in place."""
+    torch.manual_seed(0)
+    agent = ppo.Agent(4, stack)
+    frames = (torch.rand(2, stack, 84, 84) * 255).to(memory_format=torch.channels_last)
+    before = frames.clone()
+    logits, value = agent(frames)
+    assert torch.equal(frames, before)
+    ref_logits, ref_value = agent(before.contiguous())  # a layout the network must convert (so copies) anyway
+    assert logits.shape == (2, 4) and torch.allclose(logits, ref_logits) and torch.allclose(value, ref_value)
+
+
+# ------------------------------------------------------------------ environment ids
 @pytest.mark.parametrize("env_id, game, sticky", [
     ("BreakoutNoFrameskip-v4", "breakout", 0.0), ("ALE/Breakout-v5", "breakout", 0.25),
     ("MsPacmanNoFrameskip-v4", "ms_pacman", 0.0), ("ALE/BeamRider-v5", "beam_rider", 0.25),
+    ("ALE/Pitfall2-v5", "pitfall2", 0.25), ("ALE/TicTacToe3D-v5", "tic_tac_toe_3d", 0.25),
+    ("UpNDownNoFrameskip-v4", "up_n_down", 0.0), ("ALE/Joust-v5", "joust", 0.25),
 ])
 def test_atari_protocol(env_id, game, sticky):
     assert ppo.atari_protocol(env_id) == (game, sticky)
 
 
+def test_every_registered_atari_id_maps_to_its_rom():
+    """Gymnasium's own registry (ale_py's entry points name the ROM) is the reference, and every
+    name the file accepts resolves to a ROM file that exists."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+    checked = 0
+    for env_id, spec in gym.registry.items():
+        if spec.entry_point == "ale_py.env:AtariEnv" and (env_id.endswith("NoFrameskip-v4") or env_id.startswith("ALE/")) \
+                and "-ram" not in env_id:
+            assert ppo.atari_protocol(env_id) == (spec.kwargs["game"], spec.kwargs["repeat_action_probability"]), env_id
+            checked += 1
+    assert checked > 150  # the v4 legacy games and every v5 game
+    for rom in ppo.atari_games().values():
+        assert roms.get_rom_path(rom).exists(), rom
+
+
 @pytest.mark.parametrize("env_id, fragment", [
-    ("CartPole-v1", "ppg.py"), ("Pendulum-v1", "d4pg.py"), ("Breakout-ram-v4", "RAM"),
-    ("Breakout-v4", "BreakoutNoFrameskip-v4 or ALE/Breakout-v5"), ("FooBarNoFrameskip-v4", "unknown Atari game"),
+    ("CartPole-v1", "ppg.py"), ("Pendulum-v1", "d4pg.py"), ("Breakout-ram-v4", "RAM"), ("ALE/Breakout-ram-v5", "RAM"),
+    ("Breakout-v4", "BreakoutNoFrameskip-v4 or ALE/Breakout-v5"), ("FooBarNoFrameskip-v4", "unknown Atari game 'FooBar'"),
+    ("ALE/TicTacToe-v5", "did you mean ALE/TicTacToe3D-v5?"), ("ALE/Pitfall3-v5", "no such ROM"),
     ("NotAnEnv-v0", "unknown environment id"),
 ])
 def test_atari_protocol_refuses(env_id, fragment):
-    with pytest.raises(ValueError, match=fragment):
+    with pytest.raises(SystemExit) as info:
         ppo.atari_protocol(env_id)
+    message = str(info.value.code)
+    assert message.startswith("ppo_atari.py: error:") and fragment in message and "\n" not in message, message
+
+
+# ------------------------------------------------------------------ evaluation and video
+class ScriptedGames:
+    """Fake vector env for evaluation: env i ends at the steps in ends[i] ("term" or "trunc"),
+    scoring 1 per step; games that ended go on (as autoreset does) and may end again."""
+
+    def __init__(self, ends, frame_stack=4):
+        self.ends, self.steps, self.actions = ends, 0, []
+        self.obs = np.zeros((len(ends), frame_stack, 84, 84), dtype=np.uint8)
+
+    def reset(self, seed=None):
+        return self.obs, {}
+
+    def step(self, actions):
+        self.steps += 1
+        self.actions.append(actions.copy())
+        kinds = [end.get(self.steps) for end in self.ends]
+        term = np.array([k == "term" for k in kinds])
+        trunc = np.array([k == "trunc" for k in kinds])
+        return self.obs, np.ones(len(self.ends)), term, trunc, {}
+
+    def close(self):
+        pass
+
+
+class FixedPolicy(torch.nn.Module):
+    def __init__(self, probs):
+        super().__init__()
+        self.logits = torch.log(torch.tensor(probs))
+
+    def forward(self, obs):
+        return self.logits.expand(len(obs), -1), torch.zeros(len(obs))
+
+
+ATARI = dict(game="breakout", sticky=0.0, max_frames=200, frame_stack=4)
+
+
+def test_evaluate_counts_capped_games(monkeypatch):
+    # game 0 ends at step 2 and is capped later (ignored), game 1 is capped at 3, game 2 at 5
+    games = ScriptedGames([{2: "term", 4: "trunc"}, {3: "trunc"}, {5: "trunc"}])
+    monkeypatch.setattr(ppo, "make_envs", lambda n, **_: games)
+    returns, capped = ppo.evaluate(FixedPolicy([0.5, 0.5]), ATARI, 3, 10_001, "cpu")
+    assert returns == [2.0, 3.0, 5.0] and capped == 2
+
+
+def test_evaluation_samples_the_policy(monkeypatch):
+    """pi = (0.7, 0.3, 0, 0): the sampled policy takes action 1 about 30% of the time (argmax never),
+    the same seed repeats the draw and another seed changes it."""
+    episodes, made = 400, []
+    monkeypatch.setattr(ppo, "make_envs", lambda n, **_: made.append(ScriptedGames([{1: "term"}] * n)) or made[-1])
+    policy = FixedPolicy([0.7, 0.3, 1e-12, 1e-12])
+    for seed in (10_001, 10_001, 10_002):
+        ppo.evaluate(policy, ATARI, episodes, seed, "cpu")
+    first, again, other = (games.actions[0] for games in made)
+    assert set(first.tolist()) == {0, 1} and 0.2 < first.mean() < 0.4  # binomial(400, 0.3): sd 0.023
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
+
+
+class Recorder(torch.nn.Module):
+    """Uniform policy that records the observations it is shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, obs):
+        self.seen.append(obs.clone())
+        return torch.zeros(len(obs), 4), torch.zeros(len(obs))
+
+
+@pytest.mark.slow
+def test_video_starts_from_the_training_padding_and_samples(tmp_path, monkeypatch):
+    envs = ppo.make_envs(1, "breakout", 0.0, 200, 4)  # the reference: what training sees after a reset
+    reset_obs, _ = envs.reset(seed=0)
+    envs.close()
+    draws, real = [], ppo.sample_actions
+    monkeypatch.setattr(ppo, "sample_actions", lambda *a: draws.append(real(*a)) or draws[-1])
+    agent = Recorder()
+    ppo.record_video(agent, ATARI, tmp_path / "videos", 20_001, "cpu")
+    first, second = agent.seen[0][0], agent.seen[1][0]
+    assert (reset_obs[0, :3] == 0).all() and (reset_obs[0, 3] != 0).any()
+    assert (first[:3] == 0).all() and (first[3] != 0).any()  # zero padding, as training, not a repeated frame
+    assert (second[:2] == 0).all() and torch.equal(second[2], first[3])
+    assert len(draws) == len(agent.seen) > 40  # a 200-frame game (noops, FIRE, skip 4), every action from evaluation's sampler
+    assert len({int(d[0]) for d in draws}) > 1  # sampled: a uniform policy's argmax would repeat one action
+    assert list((tmp_path / "videos").glob("*.mp4"))
+
+
+# ------------------------------------------------------------------ in-process runs on a stateless fake game
+class ConstantGame:
+    """Stands in for AtariVectorEnv: the same frames after every step, reward = action, action 0
+    ends the game. Stateless, so a resumed run sees what the uninterrupted run saw at the same
+    steps (the real envs restart their games on resume)."""
+
+    def __init__(self, num_envs, frame_stack):
+        self.single_action_space = gym.spaces.Discrete(4)
+        self.frames = np.random.default_rng(0).integers(0, 256, (num_envs, frame_stack, 84, 84), dtype=np.uint8)
+        self.lives = np.full(num_envs, 3)
+
+    def reset(self, seed=None):
+        return self.frames.copy(), {"lives": self.lives}
+
+    def step(self, actions):
+        info = {"lives": self.lives, "final_obs": self.frames}
+        return self.frames.copy(), actions.astype(np.float64), actions == 0, np.zeros(len(actions), bool), info
+
+    def close(self):
+        pass
+
+
+FAKE = dict(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2, eval_episodes=2, checkpoint_interval=0, device="cpu")
+LOSSES = ("losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
+          "losses/explained_variance", "charts/learning_rate")
+
+
+@pytest.fixture
+def constant_game(monkeypatch, restore_signals):
+    monkeypatch.setattr(ppo, "make_envs", lambda num_envs, frame_stack, **_: ConstantGame(num_envs, frame_stack))
+
+
+def load(run_dir):
+    return torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+
+
+def test_resume_equals_the_uninterrupted_run(tmp_path, constant_game, monkeypatch, fake_wandb):
+    """SIGTERM in iteration 2 of 4, resume: iterations 3-4 log the same losses and end with the same
+    weights and optimizer state as the uninterrupted run. Controls: a resume that leaves out the
+    minibatch generator, torch's generator or the optimizer state ends elsewhere, so each is needed
+    and proven restored."""
+    ppo.train(ppo.Args(**FAKE, total_steps=128, track=True, run_dir=str(tmp_path / "whole")))
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # a finished run ends W&B with exit code 0
+    step_then_signal, calls = sigterm_on_call(20, ConstantGame.step)  # during iteration 2 (steps 17-32)
+    with monkeypatch.context() as m:
+        m.setattr(ConstantGame, "step", step_then_signal)
+        ppo.train(ppo.Args(**FAKE, total_steps=128, run_dir=str(tmp_path / "cut")))
+    assert len(calls) == 32 and load(tmp_path / "cut")["global_step"] == 64
+    for name in ("no_minibatch", "no_torch", "no_optimizer"):
+        shutil.copytree(tmp_path / "cut", tmp_path / name)
+    ppo.train(ppo.Args(**FAKE, total_steps=128, resume=str(tmp_path / "cut" / "checkpoints" / "latest.pt")))
+
+    whole, cut = load(tmp_path / "whole"), load(tmp_path / "cut")
+    assert set(cut["rng"]) == {"torch", "minibatch"}  # exactly the generators drawn from (no CUDA here)
+    for key, value in whole["agent"].items():
+        assert torch.equal(value, cut["agent"][key]), key
+    for key, state in whole["optimizer"]["state"].items():
+        assert all(torch.equal(v, cut["optimizer"]["state"][key][k]) for k, v in state.items())
+    for tag in LOSSES:
+        assert [s for s, _ in scalars(tmp_path / "cut", tag)] == [32, 64, 96, 128], tag
+        assert scalars(tmp_path / "whole", tag) == scalars(tmp_path / "cut", tag), tag
+    assert summary(tmp_path / "whole")["eval_returns"] == summary(tmp_path / "cut")["eval_returns"]
+
+    real_set_rng = ppo.set_rng_state
+    controls = {
+        "no_minibatch": (ppo, "set_rng_state", lambda state, **g: real_set_rng(state, torch=g["torch"])),
+        "no_torch": (ppo, "set_rng_state", lambda state, **g: real_set_rng(state, minibatch=g["minibatch"])),
+        "no_optimizer": (torch.optim.Adam, "load_state_dict", lambda self, state: None),
+    }
+    for name, (owner, attribute, stand_in) in controls.items():
+        with monkeypatch.context() as m:
+            m.setattr(owner, attribute, stand_in)
+            ppo.train(ppo.Args(**FAKE, total_steps=128, resume=str(tmp_path / name / "checkpoints" / "latest.pt")))
+        weights = load(tmp_path / name)["agent"]["network.0.weight"]
+        assert not torch.equal(weights, whole["agent"]["network.0.weight"]), name
+
+
+def test_learning_rate_schedule_survives_a_longer_resume(tmp_path, constant_game):
+    """The anneal horizon is the run's, kept in the checkpoint: a resume to more steps is refused
+    rather than restarting the schedule; --schedule-steps re-plans it explicitly."""
+    run = tmp_path / "run"
+    ppo.train(ppo.Args(**FAKE, total_steps=64, run_dir=str(run)))
+    ckpt_path = str(run / "checkpoints" / "latest.pt")
+    assert load(run)["schedule_steps"] == 64
+    with pytest.raises(SystemExit, match=r"--total-steps 128 runs past the learning-rate anneal, which reaches 0 at step 64 "
+                                         r"\(the schedule of the checkpoint\); pass --schedule-steps 128"):
+        ppo.train(ppo.Args(**FAKE, total_steps=128, resume=ckpt_path))
+    with pytest.raises(SystemExit, match=r"reaches 0 at step 100 \(set by --schedule-steps\); pass --schedule-steps 128"):
+        ppo.train(ppo.Args(**FAKE, total_steps=128, schedule_steps=100, run_dir=str(tmp_path / "other")))
+    assert not (tmp_path / "other").exists()
+    ppo.train(ppo.Args(**FAKE, total_steps=128, schedule_steps=256, resume=ckpt_path))
+    lrs = scalars(run, "charts/learning_rate")
+    assert lrs == [(32, pytest.approx(2.5e-4)), (64, pytest.approx(2.5e-4 / 2)),  # the first run: 0 at step 64
+                   (96, pytest.approx(2.5e-4 * (1 - 64 / 256))), (128, pytest.approx(2.5e-4 * (1 - 96 / 256)))]
+    assert load(run)["schedule_steps"] == 256
+    ppo.train(ppo.Args(**FAKE, total_steps=160, anneal_lr=False, resume=ckpt_path))  # a constant rate needs no horizon
+    assert scalars(run, "charts/learning_rate")[-1] == (160, pytest.approx(2.5e-4))
+
+
+def test_frame_stack_sets_the_network_and_is_fixed_on_resume(tmp_path, constant_game):
+    run = tmp_path / "run"
+    ppo.train(ppo.Args(**FAKE, total_steps=32, frame_stack=1, run_dir=str(run)))
+    ckpt = load(run)
+    assert ckpt["agent"]["network.0.weight"].shape == (32, 1, 8, 8) and ckpt["args"]["frame_stack"] == 1
+    with pytest.raises(SystemExit, match="was made with --frame-stack 1, not 4; pass --frame-stack 1"):
+        ppo.train(ppo.Args(**FAKE, total_steps=64, resume=str(run / "checkpoints" / "latest.pt")))
+    ppo.train(ppo.Args(eval_only=True, checkpoint=str(run / "checkpoints" / "latest.pt"), eval_episodes=2, device="cpu"))
+    assert json.loads((run / "eval.json").read_text())["eval_episodes"] == 2  # eval-only builds the 1-frame network
+
+
+def test_real_env_stacks_the_requested_frames():
+    envs = ppo.make_envs(2, "breakout", 0.0, 200, 1)
+    obs, _ = envs.reset(seed=0)
+    envs.close()
+    assert obs.shape == (2, 1, 84, 84) and (obs != 0).any()
 
 
 # ------------------------------------------------------------------ bad input, in process (fast)
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(num_envs=3, num_steps=5, num_minibatches=4), "not divisible by --num-minibatches"),
     (dict(total_steps=100), "less than one rollout"),
+    (dict(total_steps=0), "--total-steps must be positive"),
     (dict(num_envs=0), "--num-envs must be positive"),
     (dict(num_minibatches=0), "--num-minibatches must be positive"),
     (dict(update_epochs=0), "--update-epochs must be positive"),
     (dict(learning_rate=-1.0), "--learning-rate must be positive"),
     (dict(clip_coef=0.0), "--clip-coef must be positive"),
     (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
+    (dict(frame_stack=0), "--frame-stack must be positive"),
     (dict(gamma=1.5), "--gamma must be in [0, 1]"),
     (dict(gae_lambda=-0.1), "--gae-lambda must be in [0, 1]"),
-    (dict(eval_episodes=-1), "--eval-episodes must be positive"),
-    (dict(eval_episodes=0), "--eval-episodes must be positive"),
-    (dict(eval_only=True, checkpoint="/nonexistent/latest.pt", eval_episodes=0), "--eval-episodes must be positive"),
+    (dict(eval_episodes=0), "--eval-episodes must be at least 1"),
+    (dict(eval_only=True, checkpoint="/nonexistent/latest.pt", eval_episodes=0), "--eval-episodes must be at least 1"),
     (dict(checkpoint_interval=-5), "--checkpoint-interval must be >= 0"),
-    (dict(eval_interval=-1), "--eval-interval must be >= 0"),
+    (dict(eval_interval=-1), "--eval-interval and --checkpoint-interval must be >= 0"),
     (dict(max_grad_norm=0.0), "--max-grad-norm must be positive"),
     (dict(num_steps=0), "--num-steps must be positive"),
     (dict(eval_only=True), "--eval-only needs --checkpoint"),
+    (dict(eval_only=True, checkpoint="x.pt", resume="x.pt"), "cannot --resume"),
+    (dict(eval_only=True, checkpoint="/nonexistent/latest.pt"), "does not exist"),
     (dict(env_id="CartPole-v1"), "use ppg.py"),
     (dict(env_id="Pendulum-v1"), "use d4pg.py, naf.py or rlpd.py"),
+    (dict(env_id="ALE/Pitfall3-v5"), "no such ROM"),
     (dict(resume="/nonexistent/latest.pt"), "does not exist"),
 ])
 def test_bad_args_in_process(kwargs, fragment, tmp_path):
@@ -215,32 +462,32 @@ def test_bad_args_in_process(kwargs, fragment, tmp_path):
     with pytest.raises(SystemExit) as info:
         ppo.train(args)
     message = str(info.value.code)
-    assert message.startswith("ppo_atari.py: error:") and fragment in message, message
+    assert message.startswith("ppo_atari.py: error:") and fragment in message and "\n" not in message, message
     assert not (tmp_path / "r").exists()  # nothing half-written
 
 
-@pytest.mark.slow
-def test_checkpoint_mismatch_in_process(base_run, tmp_path):
-    ckpt = str(base_run[0] / "checkpoints" / "latest.pt")
-    with pytest.raises(SystemExit, match="is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"):
-        ppo.train(ppo.Args(resume=ckpt, env_id="ALE/Pong-v5"))
-    with pytest.raises(SystemExit, match="--num-envs 4 differs from the checkpoint's 2"):
-        ppo.train(ppo.Args(resume=ckpt, num_envs=4, num_steps=32))
-
-
-# ------------------------------------------------------------------ in process: exits, eval-only, checkpoints
-TINY_ARGS = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, eval_episodes=1, max_episode_frames=200)
-
-
+# ------------------------------------------------------------------ in process on the real game: exits, eval-only, checkpoints
 @pytest.fixture
 def tiny_ckpt(tmp_path):
-    """A checkpoint of a seed-3 run at step 256, as train() writes it, in <tmp>/run/checkpoints."""
+    """A checkpoint of a seed-3 run with 2 stacked frames at step 256, as train() writes it, in <tmp>/run/checkpoints."""
     torch.manual_seed(0)
-    agent = ppo.Agent(4)
-    args = ppo.Args(seed=3, **TINY_ARGS)
+    agent = ppo.Agent(4, 2)
+    state = ppo.checkpoint_state(agent, torch.optim.Adam(agent.parameters()), 4, 256, torch.Generator())
     path = tmp_path / "run" / "checkpoints" / "latest.pt"
-    ppo.save_checkpoint(path, agent, torch.optim.Adam(agent.parameters()), args, Path("runs/old"), 256, 4)
+    ppo.save_checkpoint(path, ppo.Args(seed=3, frame_stack=2, **TINY_ARGS), 256, state)
     return path, agent
+
+
+def test_checkpoint_mismatch_in_process(tiny_ckpt):
+    ckpt = str(tiny_ckpt[0])
+    with pytest.raises(SystemExit, match="is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"):
+        ppo.train(ppo.Args(**TINY_ARGS, frame_stack=2, resume=ckpt, env_id="ALE/Pong-v5"))
+    with pytest.raises(SystemExit, match="was made with --num-envs 2, not 4; pass --num-envs 2"):
+        ppo.train(ppo.Args(**{**TINY_ARGS, "num_envs": 4}, frame_stack=2, resume=ckpt))
+    with pytest.raises(SystemExit, match="was made with --frame-stack 2, not 4"):
+        ppo.train(ppo.Args(**TINY_ARGS, resume=ckpt))
+    with pytest.raises(SystemExit, match="--total-steps 128 is below the checkpoint's step 256"):
+        ppo.train(ppo.Args(**TINY_ARGS, frame_stack=2, resume=ckpt, total_steps=128))
 
 
 @pytest.mark.slow
@@ -258,38 +505,50 @@ def test_signal_skips_eval_saves_and_finishes_wandb(tmp_path, monkeypatch, resto
         return out
 
     monkeypatch.setattr(ppo, "step_targets", spy)
-    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: evals.append(a) or [0.0])
+    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: evals.append(a) or ([0.0], 0))
     run_dir = tmp_path / "r"
     ppo.train(ppo.Args(**{**TINY_ARGS, "max_episode_frames": 40}, total_steps=640, eval_interval=64, track=True,
                        run_dir=str(run_dir), device="cpu"))
     assert "interrupted: checkpoint saved at step 64" in capsys.readouterr().out
     assert len(cuts) == 32 and sum(cuts) >= 4  # every 10-step game of both envs was truncated
     assert evals == [] and not (run_dir / "summary.json").exists()
-    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 64
+    assert load(run_dir)["global_step"] == 64
     assert fake_wandb.calls == [("init", []), ("finish", 0)]
     assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL == signal.getsignal(signal.SIGTERM)
 
 
-@pytest.mark.slow
-def test_non_finite_loss_finishes_wandb(tmp_path, restore_signals, fake_wandb):
-    args = ppo.Args(**TINY_ARGS, total_steps=64, learning_rate=1e38, anneal_lr=False, track=True,
-                    run_dir=str(tmp_path / "r"), device="cpu")
-    with pytest.raises(SystemExit, match="non-finite loss at step 64"):
-        ppo.train(args)
-    assert fake_wandb.calls == [("init", []), ("finish", 1)]
+def test_non_finite_loss_stops_keeps_checkpoint_and_fails_wandb(tmp_path, constant_game, fake_wandb, monkeypatch):
+    """A huge learning rate blows the second update up: one line, the checkpoint of step 32 kept as it
+    was, no summary, and W&B finished with the failure's exit code."""
+    real, calls = ppo.update, []
+
+    def blow_up_second(agent, optimizer, batch, generator, args):
+        calls.append(1)
+        if len(calls) == 2:
+            optimizer.param_groups[0]["lr"] = 1e38
+        return real(agent, optimizer, batch, generator, args)
+
+    monkeypatch.setattr(ppo, "update", blow_up_second)
+    with pytest.raises(SystemExit, match="non-finite loss at step 64 \\(the last good checkpoint, if any, is kept") as info:
+        ppo.train(ppo.Args(**{**FAKE, "checkpoint_interval": 32}, total_steps=128, track=True, run_dir=str(tmp_path / "r")))
+    assert "\n" not in str(info.value.code) and load(tmp_path / "r")["global_step"] == 32
+    assert fake_wandb.calls == [("init", []), ("finish", 1)]  # the failure's exit code reaches W&B
+    assert not (tmp_path / "r" / "summary.json").exists()
 
 
 @pytest.mark.slow
 def test_eval_only_uses_checkpoint_seed_and_run_dir(tiny_ckpt, tmp_path, monkeypatch):
     path, agent = tiny_ckpt
     calls, real = [], ppo.evaluate
-    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: calls.append(a[3:6]) or real(*a, **k))
-    monkeypatch.chdir(tmp_path)  # a relative run dir stored in the checkpoint would land here
-    quick = dict(eval_only=True, eval_episodes=1, num_envs=1)
+    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: calls.append((a[1], *a[2:4])) or real(*a, **k))
+    monkeypatch.chdir(tmp_path)  # a relative run dir would land here
+    quick = dict(eval_only=True, eval_episodes=1, num_envs=1, device="cpu")
     ppo.train(ppo.Args(**quick, checkpoint=str(path), seed=7, max_episode_frames=108_000))
     result = json.loads((tmp_path / "run" / "eval.json").read_text())  # beside checkpoints/
-    assert calls == [(1, 10_003, 200)]  # the run's seed and frame limit, as its final evaluation
-    assert result["seed"] == 3 and result["eval_returns"] == real(agent, "breakout", 0.0, 1, 10_003, 200, "cpu")
+    atari = dict(game="breakout", sticky=0.0, max_frames=200, frame_stack=2)  # the run's frame limit and stack
+    assert calls == [(atari, 1, 10_003)]  # the run's seed, as its final evaluation
+    returns, capped = real(agent, atari, 1, 10_003, "cpu")
+    assert result["seed"] == 3 and result["eval_returns"] == returns and result["eval_capped_games"] == capped
     moved = tmp_path / "elsewhere" / "x.pt"
     moved.parent.mkdir()
     shutil.copy(path, moved)
@@ -299,25 +558,14 @@ def test_eval_only_uses_checkpoint_seed_and_run_dir(tiny_ckpt, tmp_path, monkeyp
     assert not (tmp_path / "runs").exists()
 
 
-def test_resume_below_checkpoint_step_refused(tiny_ckpt):
-    path, _ = tiny_ckpt
-    with pytest.raises(SystemExit, match="--total-steps 128 is below the checkpoint's step 256"):
-        ppo.train(ppo.Args(**TINY_ARGS, resume=str(path), total_steps=128))
-
-
-def test_checkpoint_keeps_cuda_rng(tmp_path, monkeypatch):
-    """Simulated CUDA: the per-device generator states are saved and restored."""
-    states, restored = [torch.arange(16, dtype=torch.uint8)], []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+def test_checkpoint_keeps_cuda_rng(monkeypatch):
+    """Simulated CUDA: the harness adds the CUDA generators to the two this file draws from."""
+    states = [torch.arange(16, dtype=torch.uint8)]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
     agent = ppo.Agent(4)
-    ppo.save_checkpoint(tmp_path / "c.pt", agent, torch.optim.Adam(agent.parameters()), ppo.Args(), tmp_path, 0, 0)
-    ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
-    assert torch.equal(ckpt["rng"]["cuda"][0], states[0])
-    ppo.restore_rng(ckpt["rng"])
-    assert len(restored) == 1 and torch.equal(restored[0], states[0])
+    state = ppo.checkpoint_state(agent, torch.optim.Adam(agent.parameters()), 0, 64, torch.Generator())
+    assert set(state["rng"]) == {"torch", "minibatch", "cuda"} and torch.equal(state["rng"]["cuda"][0], states[0])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="checks the message without wandb")
@@ -345,24 +593,26 @@ def base_run(tmp_path_factory):
 @pytest.mark.slow
 def test_run_outputs(base_run):
     run_dir, proc = base_run
-    assert "step 256/256" in proc.stdout
+    assert "done: 256 steps" in proc.stdout
     s = summary(run_dir)
     for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
-                "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
+                "eval_returns", "eval_capped_games", "wall_time_s", "sps", "peak_rss_mb"):
         assert key in s, key
     assert s["script"] == SCRIPT and s["algo"] == "ppo_atari" and s["global_step"] == 256 and s["eval_episodes"] == 1
     assert s["wall_time_s"] > s["global_step"] / s["sps"]  # wall time has startup and the final evaluation too
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["num_envs"] == 2 and config["repeat_action_probability"] == 0.0
+    assert config["num_envs"] == 2 and config["repeat_action_probability"] == 0.0 and config["frame_stack"] == 4
     for tag in ("charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
-                "losses/approx_kl", "losses/clipfrac", "eval/episodic_return"):
+                "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "eval/episodic_return"):
         assert scalars(run_dir, tag), tag
+    assert scalars(run_dir, "eval/capped_games") == [(256, s["eval_capped_games"])]
     assert [step for step, _ in scalars(run_dir, "losses/value_loss")] == [64, 128, 192, 256]
     lrs = [lr for _, lr in scalars(run_dir, "charts/learning_rate")]
     assert lrs == pytest.approx([2.5e-4 * (1 - k / 4) for k in range(4)])  # annealed to 0 at the end
     ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ckpt["algo"] == "ppo_atari" and ckpt["env_id"] == "BreakoutNoFrameskip-v4" and ckpt["global_step"] == 256
-    assert ckpt["agent"]["actor.weight"].shape == (4, 512)
+    assert ckpt["agent"]["actor.weight"].shape == (4, 512) and ckpt["schedule_steps"] == 256 and ckpt["iteration"] == 4
+    assert set(ckpt["rng"]) == {"torch", "minibatch"}  # not python's or numpy's: this file never draws from them
 
 
 @pytest.mark.slow
@@ -374,21 +624,22 @@ def test_same_seed_same_metrics(base_run, tmp_path):
         assert scalars(run_dir, tag) == scalars(tmp_path / "b", tag), tag
     assert summary(run_dir)["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
     other = run_script(SCRIPT, *TINY, "--total-steps", "64", "--seed", "2", "--run-dir", str(tmp_path / "c"))
-    check_ok(other)
+    check_ok(other)  # the control: another seed changes the first update, so the equality above means something
     assert scalars(run_dir, "losses/value_loss")[0] != scalars(tmp_path / "c", "losses/value_loss")[0]
 
 
 @pytest.mark.slow
 def test_resume_continues_step_count_and_curve(base_run, tmp_path):
+    """Extending a finished run on the real env with an explicit re-plan of the anneal."""
     run_dir = tmp_path / "run"
     shutil.copytree(base_run[0], run_dir)
-    proc = run_script(SCRIPT, *TINY, "--total-steps", "512", "--resume", str(run_dir / "checkpoints" / "latest.pt"))
+    proc = run_script(SCRIPT, *TINY, "--total-steps", "512", "--schedule-steps", "512",
+                      "--resume", str(run_dir / "checkpoints" / "latest.pt"))
     check_ok(proc)
     assert summary(run_dir)["global_step"] == 512
     steps = [step for step, _ in scalars(run_dir, "losses/value_loss")]
     assert steps == [64 * k for k in range(1, 9)]  # no gap, no duplicate
     assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [256, 512]
-    # the learning rate continues the schedule of the new total, from step 256
     lrs = [lr for _, lr in scalars(run_dir, "charts/learning_rate")][4:]
     assert lrs == pytest.approx([2.5e-4 * (1 - k / 8) for k in range(4, 8)])
     assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 512
@@ -414,8 +665,8 @@ def test_eval_only_with_video(base_run, tmp_path):
     check_ok(proc)
     result = json.loads((out / "eval.json").read_text())
     assert result["global_step"] == 256 and result["eval_episodes"] == 2 and len(result["eval_returns"]) == 2
-    assert result["seed"] == 1  # the run's own seed, not --seed
-    assert "eval BreakoutNoFrameskip-v4 step 256" in proc.stdout
+    assert result["seed"] == 1 and 0 <= result["eval_capped_games"] <= 2  # the run's own seed, not --seed
+    assert "video_return" in result and "eval at step 256" in proc.stdout
     videos = list((out / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
 
@@ -427,7 +678,7 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
            "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.stdout.readline().startswith("step ")  # one iteration done: training is under way
+    assert proc.stdout.readline().startswith("step ")  # a progress line: training is under way
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
@@ -439,9 +690,8 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
 
 # ------------------------------------------------------------------ bad input, by subprocess
 @pytest.mark.slow
-def test_cli_errors_are_one_line(base_run, tmp_path):
+def test_cli_errors_are_one_line(tmp_path):
     check_error(run_script(SCRIPT, "--env-id", "CartPole-v1"), "ppo_atari.py: error:", "ppg.py")
-    check_error(run_script(SCRIPT, "--num-envs", "3", "--num-steps", "5"), "not divisible by --num-minibatches")
     foreign = tmp_path / "dqn.pt"
     torch.save({"algo": "dqn_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "agent": {}, "global_step": 0}, foreign)
     check_error(run_script(SCRIPT, "--eval-only", "--checkpoint", str(foreign)), "written by dqn_atari")
@@ -449,9 +699,3 @@ def test_cli_errors_are_one_line(base_run, tmp_path):
     corrupt.write_bytes(b"not a checkpoint")
     check_error(run_script(SCRIPT, "--resume", str(corrupt)), "corrupt")
 
-
-@pytest.mark.slow
-def test_non_finite_loss_stops_in_one_line(tmp_path):
-    proc = run_script(SCRIPT, *TINY, "--total-steps", "256", "--learning-rate", "1e38", "--no-anneal-lr",
-                      "--eval-episodes", "1", "--run-dir", str(tmp_path / "r"))
-    check_error(proc, "non-finite loss at step 64", "no checkpoint was written")
