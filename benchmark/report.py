@@ -116,15 +116,22 @@ def normalised_aggregates(presets: dict[str, dict[str, Any]]) -> list[dict[str, 
     return out
 
 
+def _shown(value: Any) -> str:
+    return "unknown" if value is None else str(value)
+
+
 def provenance_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The distinct values of each provenance field over a sweep's runs."""
+    """The distinct values of each provenance field over a sweep's runs ("unknown" where a run
+    did not record one), and the distinct notes."""
     fields: dict[str, set[str]] = {}
     for r in records:
-        prov = r.get("provenance", {})
+        prov = r["provenance"]
         flat = {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "host": prov.get("host"),
-                "device": prov.get("device"), **{k: v for k, v in (prov.get("versions") or {}).items()}}
+                "device": prov.get("device"), **(prov.get("versions") or {})}
         for key, value in flat.items():
-            fields.setdefault(key, set()).add(str(value))
+            fields.setdefault(key, set()).add(_shown(value))
+        if prov.get("note"):
+            fields.setdefault("notes", set()).add(prov["note"])
     return {key: sorted(values) for key, values in fields.items()}
 
 
@@ -212,12 +219,13 @@ def preset_table(results: dict[str, Any], plots: Path | None, prefix: str = "") 
 
 def provenance_line(prov: dict[str, list[str]]) -> str:
     def one(key: str) -> str:
-        values = prov.get(key, ["None"])
-        return ", ".join(f"`{v[:10]}`" if key == "commit" and v != "None" else v for v in values)
+        values = prov.get(key, ["unknown"])
+        return ", ".join(f"`{v[:10]}`" if key == "commit" and v != "unknown" else v for v in values)
 
     versions = "; ".join(f"{lib} {one(lib)}" for lib in ("torch", "gymnasium", "ale-py"))
+    notes = "".join(f" ({note})" for note in prov.get("notes", []))
     return (f"runs at commit(s) {one('commit')} (dirty: {one('dirty')}), on {one('host')}, device(s) {one('device')}; "
-            f"{versions}")
+            f"{versions}{notes}")
 
 
 def _seed_text(r: dict[str, Any]) -> str:
@@ -278,9 +286,9 @@ def render_report(results: dict[str, Any], plots: Path | None) -> str:
     for r in results["runs"]:
         prov = r["provenance"]
         versions = prov.get("versions") or {}
-        cells = [f"{r['preset']}/seed{r['seed']}", r["status"], (prov.get("commit") or "—")[:10], str(prov.get("dirty")),
-                 str(prov.get("host")), str(prov.get("device")),
-                 *(str(versions.get(lib)) for lib in ("torch", "gymnasium", "ale-py"))]
+        cells = [f"{r['preset']}/seed{r['seed']}", r["status"], _shown(prov.get("commit"))[:10], _shown(prov.get("dirty")),
+                 _shown(prov.get("host")), _shown(prov.get("device")),
+                 *(_shown(versions.get(lib)) for lib in ("torch", "gymnasium", "ale-py"))]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Statistics", "", results["statistics"], "",
               "Mean ± std: over the finished seeds, population std (ddof=0). Scores are each run's final "
@@ -342,36 +350,34 @@ def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, 
 
 
 def plot_group(group: str, results: dict[str, Any], records: list[dict[str, Any]], path: Path) -> None:
-    """The presets of one comparison group on one chart: left, the evaluation IQM across seeds
-    against env steps (where curves were stored); right, each seed's final evaluation with the
-    IQM and its interval; the numeric peer references as dotted lines on both."""
-    plt, fig, axes = _figure(2)
-    curves_ax, final_ax = axes[0]
+    """The presets of one comparison group on one chart: each seed's final evaluation with the
+    IQM and its interval and, where curves were stored, the evaluation IQM across seeds against
+    env steps; the numeric peer references as dotted lines."""
     names = results["groups"][group]
+    curves = {name: results["presets"][name]["sample_efficiency"]["eval_iqm_curve"] for name in names}
+    plt, fig, axes = _figure(2 if any(curves.values()) else 1)
+    final_ax = axes[0, 0]
     references: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(names):
         p, color = results["presets"][name], f"C{i}"
-        curve = p["sample_efficiency"]["eval_iqm_curve"]
-        if curve:
-            steps, values = zip(*curve)
-            curves_ax.plot(steps, values, color=color, marker="o", markersize=3, label=name)
+        if curves[name]:
+            steps, values = zip(*curves[name])
+            axes[0, 1].plot(steps, values, color=color, marker="o", markersize=3, label=name)
         scores = [r["summary"]["eval_mean"] for r in records if r["preset"] == name and r["status"] == "ok"]
         final_ax.scatter([i] * len(scores), scores, color=color, alpha=0.6, s=18)
         stats = p["eval_mean"]
         if stats["iqm"] is not None:
             low, high = stats["iqm_ci95"] or (stats["iqm"], stats["iqm"])
-            final_ax.errorbar([i + 0.15], [stats["iqm"]], yerr=[[stats["iqm"] - low], [high - stats["iqm"]]],
-                              fmt="D", color=color, capsize=4, label=f"{name}: IQM" + (" [95% CI]" if stats["iqm_ci95"] else ""))
+            final_ax.errorbar([i + 0.15], [stats["iqm"]], yerr=[[stats["iqm"] - low], [high - stats["iqm"]]], fmt="D",
+                              color=color, capsize=4, label=f"{name}: IQM" + (" [95% CI]" if stats["iqm_ci95"] else ""))
         references.update({ref["name"]: ref for ref in p["references"]})
+    final_ax.set(title=f"{group}: final evaluation per seed", xticks=range(len(names)), xticklabels=names,
+                 ylabel="episodic return")
+    if axes.shape[1] == 2:
+        axes[0, 1].set(title="evaluation IQM across seeds", xlabel="environment steps", ylabel="episodic return")
     for ax in axes[0]:
         _reference_lines(ax, list(references.values()))
-    if not curves_ax.lines:
-        curves_ax.text(0.5, 0.5, "no evaluation curves stored", ha="center", va="center", transform=curves_ax.transAxes)
-    curves_ax.set(title=f"{group}: evaluation IQM across seeds", xlabel="environment steps", ylabel="episodic return")
-    final_ax.set(title="final evaluation per seed", xticks=range(len(names)), xticklabels=names, ylabel="episodic return")
-    for ax in axes[0]:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     _save(plt, fig, path)
 
 
