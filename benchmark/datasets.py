@@ -132,7 +132,8 @@ def make_dataset(args: Args) -> Path:
         parse_dataset_id(args.dataset_id)
     except ValueError as e:
         raise fail(f"{e}".replace("\n", " "))
-    root = Path(args.root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+    # Absolute: Minari joins a relative datasets path onto itself when it writes.
+    root = Path(args.root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").resolve()
     folder = root / args.dataset_id
     metadata = folder / "data" / "metadata.json"
     if folder.exists() and not args.overwrite:

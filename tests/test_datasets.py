@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import minari
@@ -78,8 +79,9 @@ def test_pendulum_episodes_are_truncated_and_noise_is_seeded(tmp_path):
     assert not np.allclose(first.actions, clean, atol=1e-3)  # the noise is there
 
 
-def test_rerun_same_recipe_is_up_to_date_other_recipe_refused(tmp_path, capsys):
-    make(tmp_path)
+def test_rerun_same_recipe_is_up_to_date_other_recipe_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path.parent)
+    make(Path(tmp_path.name))  # a relative --root, as the zoo's commands use
     data_file = tmp_path / "mc/expert-v0/data/main_data.hdf5"
     before = data_file.stat().st_mtime_ns
     make(tmp_path)
