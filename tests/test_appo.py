@@ -1,0 +1,440 @@
+"""Tests of algos/appo.py: V-trace against the paper's sum written as a per-step loop (terminations,
+truncations, clipped ratios), its on-policy reduction to bootstrapped returns, GAE, the clipped loss
+by hand, the rollout's NEXT_STEP handling and truncation bootstrap on a counting env, the seqlock,
+resume equivalence and determinism in synchronous mode, the actor processes (a tiny job with lag and
+dropped rollouts, a killed actor, SIGTERM and Ctrl-C, no process left behind), and bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
+                      sigterm_on_call, summary)
+
+spec = importlib.util.spec_from_file_location("appo", ALGOS / "appo.py")
+appo = importlib.util.module_from_spec(spec)
+sys.modules["appo"] = appo  # dataclasses look the module up while the file executes
+spec.loader.exec_module(appo)
+
+SMALL = dict(num_envs=4, num_steps=32, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0, device="cpu")
+CLI_SMALL = ["--num-envs", "4", "--num-steps", "32", "--hidden-dim", "16", "--eval-episodes", "1"]
+
+
+def random_rollout(T=9, N=6, seed=0, p_done=0.25):
+    """Random rewards, values V(x_0..x_T), ratios on both sides of 1, and episode ends of both kinds (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    dones = (torch.rand(T, N, generator=g) < p_done).double()
+    terminated = dones * (torch.rand(T, N, generator=g) < 0.5).double()  # the others are truncations
+    values = torch.randn(T + 1, N, generator=g, dtype=torch.float64)
+    return dict(log_rho=torch.randn(T, N, generator=g, dtype=torch.float64), rewards=torch.randn(T, N, generator=g, dtype=torch.float64),
+                values=values[:-1], next_values=values[1:], terminated=terminated, dones=dones)
+
+
+def vtrace_by_definition(d, gamma, lam, rho_bar, c_bar):
+    """The paper's n-step definition (Eq. 1), v_s = V(x_s) + sum_t gamma^(t-s) (prod_{i<t} c_i) delta_t up to the
+    episode's end or the rollout's last step, and A_s = rho_s (r_s + gamma v_{s+1} - V(x_s)), one number at a time."""
+    T, N = d["rewards"].shape
+    v_s, adv = np.zeros((T, N)), np.zeros((T, N))
+    for i in range(N):
+        ratio = [math.exp(d["log_rho"][t, i]) for t in range(T)]
+        rho = [min(rho_bar, x) for x in ratio]
+        c = [lam * min(c_bar, x) for x in ratio]
+        V = [float(d["values"][t, i]) for t in range(T)]
+        V_next = [0.0 if d["terminated"][t, i] else float(d["next_values"][t, i]) for t in range(T)]
+        delta = [rho[t] * (float(d["rewards"][t, i]) + gamma * V_next[t] - V[t]) for t in range(T)]
+        for s in range(T):
+            total, weight, t = 0.0, 1.0, s
+            while True:
+                total += weight * delta[t]
+                if d["dones"][t, i] or t == T - 1:
+                    break
+                weight *= gamma * c[t]
+                t += 1
+            v_s[s, i] = V[s] + total
+        for s in range(T):
+            v_next = V_next[s] if d["dones"][s, i] or s == T - 1 else v_s[s + 1, i]
+            adv[s, i] = rho[s] * (float(d["rewards"][s, i]) + gamma * v_next - V[s])
+    return v_s, adv
+
+
+# ---------------------------------------------------------------- V-trace, GAE, loss
+@pytest.mark.parametrize("gamma, lam, rho_bar, c_bar", [(0.99, 1.0, 1.0, 1.0), (0.9, 0.8, 2.0, 0.5), (0.97, 1.0, 1.5, 1.5)])
+def test_vtrace_matches_the_papers_sum(gamma, lam, rho_bar, c_bar):
+    for seed in range(3):
+        d = random_rollout(seed=seed)
+        assert (d["log_rho"].exp() > max(rho_bar, c_bar)).any() and (d["log_rho"] < 0).any()  # clipping happens
+        assert ((d["dones"] == 1) & (d["terminated"] == 0)).any() and d["terminated"].any()
+        v_s, adv = appo.vtrace(d["log_rho"], d["rewards"], d["values"], d["next_values"], d["terminated"], d["dones"],
+                               gamma, lam, rho_bar, c_bar)
+        ref_v, ref_adv = vtrace_by_definition(d, gamma, lam, rho_bar, c_bar)
+        np.testing.assert_allclose(v_s.numpy(), ref_v, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-10, atol=1e-10)
+
+
+def test_vtrace_on_policy_gives_bootstrapped_returns():
+    """mu = pi, rho_bar = c_bar = lambda = 1: v_s is the discounted reward sum to the episode's end (plus
+    gamma^k V of the real final observation after a truncation) or to the rollout's end (plus gamma^k V(x_T)),
+    A_s = v_s - V(x_s), and v_s - V(x_s) is GAE with lambda = 1."""
+    d, gamma = random_rollout(seed=4), 0.95
+    T, N = d["rewards"].shape
+    v_s, adv = appo.vtrace(torch.zeros(T, N, dtype=torch.float64), d["rewards"], d["values"], d["next_values"],
+                           d["terminated"], d["dones"], gamma)
+    for i in range(N):
+        for s in range(T):
+            ret, k = 0.0, 0
+            for t in range(s, T):  # forward, reward by reward
+                ret += gamma**k * float(d["rewards"][t, i])
+                k += 1
+                if d["dones"][t, i] or t == T - 1:
+                    ret += 0.0 if d["terminated"][t, i] else gamma**k * float(d["next_values"][t, i])
+                    break
+            assert v_s[s, i].item() == pytest.approx(ret, abs=1e-10)
+    torch.testing.assert_close(adv, v_s - d["values"])
+    gae = appo.gae(d["rewards"], d["values"], d["next_values"], d["terminated"], d["dones"], gamma, 1.0)
+    torch.testing.assert_close(v_s, gae + d["values"])
+
+
+def test_gae_hand_computed():
+    g, lam = 0.9, 0.8
+    # t0 ordinary, t1 truncated, t2 the autoreset row, t3 ordinary (last row), one env.
+    r, v = torch.tensor([[1.0], [2.0], [0.0], [3.0]]), torch.tensor([[0.5], [0.7], [0.9], [1.1]])
+    next_v = torch.tensor([[0.7], [0.9], [1.1], [5.0]])  # next_v[1] = V(real final obs), next_v[3] = V(x_T)
+    term, done = torch.zeros(4, 1), torch.tensor([[0.0], [1.0], [0.0], [0.0]])
+    A = appo.gae(r, v, next_v, term, done, g, lam)[:, 0]
+    a3 = 3.0 + g * 5.0 - 1.1
+    a1 = 2.0 + g * 0.9 - 0.7  # the trace stops at the truncation, the bootstrap stays
+    a0 = 1.0 + g * 0.7 - 0.5 + g * lam * a1
+    for t, expected in [(0, a0), (1, a1), (3, a3)]:
+        assert A[t].item() == pytest.approx(expected, abs=1e-6)
+    term[1] = 1.0  # the same end as a termination: no bootstrap
+    assert appo.gae(r, v, next_v, term, done, g, lam)[1, 0].item() == pytest.approx(2.0 - 0.7, abs=1e-6)
+
+
+def test_clipped_loss_hand_computed():
+    """pi = (0.5, 0.5) everywhere. Samples: mu(a) = 0.25 (ratio 2, clipped to 1.2) with A = +1 and -1, and
+    mu(a) = 1 (ratio 0.5, clipped to 0.8) with A = +1 and -1."""
+    logits = torch.zeros(4, 2, requires_grad=True)
+    actions = torch.tensor([0, 1, 0, 1])
+    logp_mu = torch.log(torch.tensor([0.25, 0.25, 1.0, 1.0]))
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    value, v_s = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2.0, 2.0, 1.0, 4.0])
+    loss, stats = appo.appo_loss(logits, value, actions, logp_mu, adv, v_s, clip_coef=0.2, ent_coef=0.1, vf_coef=0.5)
+    surrogate = [min(2 * 1, 1.2 * 1), min(2 * -1, 1.2 * -1), min(0.5 * 1, 0.8 * 1), min(0.5 * -1, 0.8 * -1)]
+    policy_loss = -sum(surrogate) / 4  # -(1.2 - 2 + 0.5 - 0.8) / 4
+    value_loss = 0.5 * (1 + 0 + 4 + 0) / 4
+    entropy = math.log(2)
+    kl = ((2 - 1 - math.log(2)) * 2 + (0.5 - 1 - math.log(0.5)) * 2) / 4
+    assert loss.item() == pytest.approx(policy_loss + 0.5 * value_loss - 0.1 * entropy, abs=1e-6)
+    np.testing.assert_allclose(stats.numpy(), [policy_loss, value_loss, entropy, kl, 1.0], atol=1e-6)
+    loss.backward()
+    # Clipped terms pass no gradient (and the entropy's is 0 at the uniform policy): only samples 1 and 2 move pi.
+    assert logits.grad[0].abs().max() < 1e-8 and logits.grad[3].abs().max() < 1e-8
+    assert logits.grad[1].abs().min() > 1e-3 and logits.grad[2].abs().min() > 1e-3
+
+
+def test_seqlock_round_trip_and_torn_read():
+    a, b = appo.Agent(3, 2, 8), appo.Agent(3, 2, 8)
+    weights = torch.zeros(sum(p.numel() for p in a.parameters()))
+    seq = torch.tensor([0, 0])
+    appo.publish_weights(weights, seq, a, 7)
+    assert seq.tolist() == [2, 7]
+    assert appo.read_weights(weights, seq, b) == 7
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    seq[0] += 1  # a write in progress: the reader must not take these weights
+    assert appo.read_weights(weights, seq, b) is None
+
+
+# ---------------------------------------------------------------- rollouts on a counting env
+class CounterEnv(gym.Env):
+    """obs = [t, T]: t counts steps, the episode terminates at t = T, T drawn in {2, 3, 4} at reset."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.T = 0, int(self.np_random.integers(2, 5))
+        return np.array([0, self.T], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t, self.T], np.float32), 1.0, self.t == self.T, False, {}
+
+
+gym.register("AppoCounter-v0", entry_point=CounterEnv, max_episode_steps=3)  # T = 4 is truncated at t = 3
+
+
+class CountingAgent:
+    """Uniform policy and V(x) = 10 t + T, a value that tells observations apart."""
+
+    def __call__(self, x):
+        return torch.zeros(*x.shape[:-1], 2), 10 * x[..., 0] + x[..., 1]
+
+    def actor(self, x):
+        return torch.zeros(*x.shape[:-1], 2)
+
+
+def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
+    collector, T, N, gamma = appo.Collector("AppoCounter-v0", 3, seed=0), 30, 3, 0.5
+    agent, rollout = CountingAgent(), appo.new_rollout(T, N, 2)
+    collector.collect(agent.actor, rollout, torch.device("cpu"))
+    obs, valid, dones, term = rollout["obs"], rollout["valid"], rollout["dones"].bool(), rollout["terminated"].bool()
+    t_now, t_next, horizon = obs[:-1, :, 0], obs[1:, :, 0], obs[:-1, :, 1]
+    assert (valid == ~torch.cat([torch.zeros(1, N, dtype=torch.bool), dones[:-1]])).all()  # after an end, one reset row
+    assert (rollout["rewards"][~valid] == 0).all() and not dones[~valid].any()
+    assert (t_next[valid] == t_now[valid] + 1).all()  # x_{s+1} of a valid row is its real next state, final ones included
+    assert (term == valid & (t_next == horizon)).all()
+    truncated = dones & ~term
+    assert truncated.any() and (t_next[truncated] == 3).all() and (horizon[truncated] == 4).all()
+    assert torch.allclose(rollout["logprobs"], torch.full((T, N), math.log(0.5)))
+
+    args = appo.Args(gamma=gamma, lam=1.0)
+    batch, ratio = appo.prepare_batch(agent, rollout, args)
+    assert ratio.item() == pytest.approx(1.0)
+    V = 10 * obs[..., 0] + obs[..., 1]
+    v_s, _ = appo.vtrace(torch.zeros(T, N), rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma)
+    torch.testing.assert_close(batch["v_s"], v_s[valid])
+    torch.testing.assert_close(v_s[term], torch.ones(int(term.sum())))  # termination: the reward alone
+    torch.testing.assert_close(v_s[truncated], 1 + gamma * (10 * 3 + 4) * torch.ones(int(truncated.sum())))  # V(real final obs)
+    last = ~dones[-1] & valid[-1]  # the rollout's last row bootstraps from x_T
+    torch.testing.assert_close(v_s[-1][last], 1 + gamma * V[-1][last])
+    assert len(batch["obs"]) == int(valid.sum()) < T * N
+
+    args = appo.Args(gamma=gamma, lam=0.7, vtrace=False)
+    batch, _ = appo.prepare_batch(agent, rollout, args)
+    gae = appo.gae(rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma, 0.7)
+    torch.testing.assert_close(batch["v_s"], (gae + V[:-1])[valid])
+
+
+def test_finished_episodes_carry_over_rollouts():
+    r = {"rewards": torch.tensor([[1.0], [2.0], [0.0], [4.0]]), "valid": torch.tensor([[True], [True], [False], [True]]),
+         "dones": torch.tensor([[0.0], [1.0], [0.0], [0.0]])}
+    ret, length = torch.tensor([10.0], dtype=torch.float64), torch.tensor([5])  # an episode in progress
+    assert appo.finished_episodes(r, ret, length) == [(13.0, 7)]
+    assert (ret.item(), length.item()) == (4.0, 1)
+
+
+# ---------------------------------------------------------------- synchronous runs in this process
+def run(run_dir, **kwargs):
+    appo.train(appo.Args(**{**SMALL, "total_steps": 1024, "run_dir": str(run_dir), **kwargs}))
+
+
+def load(run_dir):
+    return torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+
+
+TAGS = ["charts/episodic_return", "losses/value_loss", "losses/approx_kl", "charts/importance_ratio"]
+
+
+@pytest.mark.slow
+def test_resume_equals_uninterrupted_run_and_seeds_decide(tmp_path, restore_signals, monkeypatch):
+    """A SIGTERM in the 3rd rollout, then --resume: the same weights, optimizer and metrics as one run;
+    the same seed twice gives identical runs, another seed does not."""
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    run(a)
+    run(c)
+    run(d, seed=2)
+    wrapper, calls = sigterm_on_call(3, appo.LocalSource.next)
+    monkeypatch.setattr(appo.LocalSource, "next", wrapper)
+    run(b)
+    assert len(calls) == 3 and load(b)["global_step"] == 3 * 128 and not (b / "summary.json").exists()
+    monkeypatch.undo()
+    run(b, resume=str(b / "checkpoints" / "latest.pt"))
+    ca, cb, cc, cd = (load(x) for x in (a, b, c, d))
+    for key in ca["agent"]:
+        assert torch.equal(ca["agent"][key], cb["agent"][key]) and torch.equal(ca["agent"][key], cc["agent"][key])
+    assert not all(torch.equal(ca["agent"][k], cd["agent"][k]) for k in ca["agent"])
+    assert torch.equal(ca["optimizer"]["state"][0]["exp_avg_sq"], cb["optimizer"]["state"][0]["exp_avg_sq"])
+    assert (cb["global_step"], cb["version"]) == (ca["global_step"], ca["version"]) == (1024, 8)
+    assert summary(a)["eval_returns"] == summary(b)["eval_returns"] == summary(c)["eval_returns"]
+    for tag in TAGS:
+        assert scalars(a, tag) and scalars(a, tag) == scalars(b, tag) == scalars(c, tag), tag
+    assert scalars(a, "charts/episodic_return") != scalars(d, "charts/episodic_return")
+    assert {v for _, v in scalars(a, "charts/policy_lag")} == {0.0}  # synchronous: no lag
+    assert all(v == pytest.approx(1.0, abs=1e-5) for _, v in scalars(a, "charts/importance_ratio"))
+    check_eval_only_after_move(a, lambda ckpt: appo.train(appo.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=1)
+
+
+def test_nonfinite_loss_stops_before_publishing(tmp_path, restore_signals, monkeypatch):
+    real = appo.appo_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * float("nan"), stats * float("nan")
+
+    monkeypatch.setattr(appo, "appo_loss", nan_loss)
+    with pytest.raises(SystemExit, match="non-finite loss at step 128") as e:
+        run(tmp_path / "run", total_steps=512)
+    assert "\n" not in str(e.value) and not (tmp_path / "run" / "summary.json").exists()
+
+
+# ---------------------------------------------------------------- command line
+@pytest.mark.slow
+def test_tiny_run_outputs_and_no_vtrace(tmp_path):
+    run_dir = tmp_path / "run"
+    check_ok(run_script("appo.py", *CLI_SMALL, "--total-steps", "1024", "--no-vtrace", "--eval-interval", "512",
+                        "--run-dir", str(run_dir)))
+    s = summary(run_dir)
+    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes", "wall_time_s",
+                "sps", "peak_rss_mb", "updates", "dropped_rollouts", "policy_lag_mean"):
+        assert key in s, key
+    assert (s["script"], s["global_step"], s["updates"], s["dropped_rollouts"], s["policy_lag_mean"]) == ("appo.py", 1024, 8, 0, 0.0)
+    assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [512, 1024]
+    assert len(scalars(run_dir, "charts/SPS")) == 8 and scalars(run_dir, "charts/episodic_return")
+    assert scalars(run_dir, "charts/learning_rate")[0] == (128, pytest.approx(1e-3))
+
+
+@pytest.mark.slow
+def test_copy_alone_runs(tmp_path):
+    script = copy_alone("appo.py", tmp_path)
+    check_ok(run_script(script, *CLI_SMALL, "--total-steps", "256", cwd=tmp_path))
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("CartPole-v1__appo__1__") and summary(run_dir)["global_step"] == 256
+
+
+# ---------------------------------------------------------------- actor processes
+def start(*args, **popen):
+    return subprocess.Popen([sys.executable, str(ALGOS / "appo.py"), *CLI_SMALL, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, **popen)
+
+
+def watch(proc, until=lambda: False, timeout=120) -> set[int]:
+    """Poll until the process ends or `until()` holds; returns the pids of every descendant seen."""
+    psutil = pytest.importorskip("psutil")
+    seen, deadline = set(), time.time() + timeout
+    while proc.poll() is None and not until() and time.time() < deadline:
+        try:
+            seen |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.1)
+    return seen
+
+
+def actors_of(proc) -> list[int]:
+    psutil = pytest.importorskip("psutil")
+    return [p.pid for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+
+
+def check_none_left(pids: set[int], within: float = 10.0) -> None:
+    psutil = pytest.importorskip("psutil")
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.time() + within
+    while any(running(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if running(p)], "processes left behind"
+
+
+@pytest.mark.slow
+def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path):
+    """--max-policy-lag 0: every rollout that arrives after an update of the learner is dropped, and counted."""
+    run_dir = tmp_path / "run"
+    proc = start("--num-actors", "2", "--total-steps", "2048", "--max-policy-lag", "0", "--run-dir", str(run_dir))
+    children = watch(proc)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert len(children) >= 2
+    check_none_left(children)
+    lags = [v for _, v in scalars(run_dir, "charts/policy_lag")]
+    s = summary(run_dir)
+    assert len(lags) == 16 and max(lags) >= 1
+    assert s["dropped_rollouts"] == sum(lag > 0 for lag in lags) == 16 - s["updates"] and s["updates"] >= 1
+    assert s["policy_lag_mean"] == pytest.approx(np.mean(lags)) and s["global_step"] == 2048
+    assert [v for _, v in scalars(run_dir, "charts/dropped_rollouts")][-1] == s["dropped_rollouts"]
+
+
+@pytest.mark.slow
+def test_killed_actor_stops_the_learner_within_seconds(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start("--num-actors", "2", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir))
+    children = watch(proc, until=lambda: (run_dir / "checkpoints" / "latest.pt").exists())
+    assert proc.poll() is None, proc.communicate()[1]
+    victim = actors_of(proc)[1]
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.time()
+    children |= watch(proc, timeout=30)
+    elapsed = time.time() - t0
+    _, err = proc.communicate(timeout=30)
+    check_error(subprocess.CompletedProcess([], proc.returncode, "", err), "appo.py: error: actor",
+                f"(pid {victim}) died (killed by SIGKILL)")
+    assert elapsed < 10
+    check_none_left(children)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to_group, sig", [(False, signal.SIGTERM), (True, signal.SIGINT)])
+def test_signal_during_async_run_checkpoints_and_leaves_nothing(tmp_path, to_group, sig):
+    """SIGTERM to the learner (a scheduler), or SIGINT to the whole process group (Ctrl-C in a terminal:
+    the actors ignore it), checkpoint and exit 0 with every actor stopped."""
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "latest.pt"
+    proc = start("--num-actors", "1", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir),
+                 start_new_session=True)
+    children = watch(proc, until=ckpt.exists)
+    assert proc.poll() is None, proc.communicate()[1]
+    os.killpg(proc.pid, sig) if to_group else proc.send_signal(sig)
+    children |= watch(proc, timeout=60)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "interrupted: checkpoint saved" in out and not (run_dir / "summary.json").exists()
+    assert torch.load(ckpt, weights_only=True)["global_step"] >= 256
+    check_none_left(children)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("env_id, fragment", [
+    ("ALE/Pong-v5", "image observations (210, 160, 3); appo.py needs flat ones, use ppo_atari.py"),
+    ("Pendulum-v1", "continuous actions; appo.py needs Discrete ones, use d4pg.py or naf.py"),
+    ("Blackjack-v1", "Tuple observations and Discrete actions; appo.py needs flat Box observations"),
+    ("NoSuchEnv-v0", "cannot make environment 'NoSuchEnv-v0'"),
+])
+def test_unsupported_env_refused(env_id, fragment):
+    with pytest.raises(SystemExit) as e:
+        appo.check_env(env_id)
+    assert str(e.value).startswith("appo.py: error:") and fragment in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    ({"num_steps": 0}, "--num-steps"), ({"num_minibatches": 0}, "--num-minibatches must be between 1 and num-envs x num-steps = 512"),
+    ({"num_actors": -1}, "--num-actors"), ({"max_policy_lag": -1}, "--max-policy-lag"),
+    ({"rho_bar": 0.5}, "0 < c-bar <= rho-bar"), ({"c_bar": 0.0}, "0 < c-bar <= rho-bar"), ({"lam": 1.5}, "--lam"),
+    ({"gamma": -0.1}, "--gamma"), ({"learning_rate": 0.0}, "--learning-rate"), ({"clip_coef": -0.2}, "--clip-coef"),
+    ({"ent_coef": -0.01}, "--ent-coef"), ({"target_kl": 0.0}, "--target-kl"),
+    ({"total_steps": 100}, "--total-steps 100 is below one rollout (num-envs x num-steps = 512)"),
+])
+def test_bad_hyperparameters(tmp_path, flags, fragment):
+    with pytest.raises(SystemExit) as e:
+        appo.train(appo.Args(run_dir=str(tmp_path / "run"), **flags))
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_bad_input_cli_is_one_line(tmp_path):
+    check_error(run_script("appo.py", "--env-id", "Pendulum-v1", "--run-dir", str(tmp_path / "a")), "appo.py: error", "naf.py")
+    assert not (tmp_path / "a").exists()
+
+
+def test_resume_refuses_other_network(tmp_path, restore_signals):
+    run(tmp_path / "run", total_steps=128)
+    with pytest.raises(SystemExit, match="--hidden-dim 16, not 64; pass --hidden-dim 16"):
+        appo.train(appo.Args(**{**SMALL, "hidden_dim": 64}, resume=str(tmp_path / "run" / "checkpoints" / "latest.pt")))
