@@ -7,8 +7,9 @@ whose request no machine can meet fails at once with the reason, instead of wait
 Both call `on_start(job, where)` when a run starts executing, `on_progress(job, (step, total))`
 while it runs, and `on_finish(record)` when its record is written.
 
-Ray: each task gets the algorithms folder as its `working_dir` and the `benchmark` package as a
-`py_modules` entry (plus a pip requirements file, when given), so no node needs a checkout. With a
+Ray: the sweep's Ray job carries the algorithms folder as its `working_dir` and the `benchmark`
+package as a `py_modules` entry (plus a pip requirements file, when given), so no node needs a
+checkout and no run reads the driver's folders. With a
 `storage` folder or fsspec URI that outlives the nodes, each run's folder (its checkpoint
 included) is copied there while it runs; a task retried after its node died, or a run of a later
 invocation of the sweep, starts from that copy and resumes from its checkpoint. Cancelling the
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import provenance
+from .manifest import ZooError
 from .runner import (CHECKPOINT, KILL_GRACE_S, LOG_NAME, RECORD_NAME, Job, check_run, execute, make_record, now,
                      prepare_run_dir, relative, stop_all)
 
@@ -278,24 +280,26 @@ def _cluster_limits(ray: Any) -> tuple[float, float, float]:
 
 def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir: Path, repo: Path,
             storage: str | None, requirements: Path | None, sync_s: float, calls: Callbacks) -> None:
-    """One Ray task per run, with the preset's CPU, GPU and memory request. Without `address`
-    (and without a Ray session already started by the caller), start a local Ray instance with
-    `local_cpus` CPUs. `storage`: see the module docstring; `requirements`: a pip requirements
-    file each node installs (in a virtualenv of Ray's) before running."""
+    """One Ray task per run, with the preset's CPU, GPU and memory request, in a Ray job this
+    function starts (on the cluster at `address`, else on a local instance with `local_cpus`
+    CPUs) so that the job carries the code: Ray accepts folders to upload only for a whole job.
+    `storage`: see the module docstring; `requirements`: a pip requirements file each node
+    installs (in a virtualenv of Ray's) before running."""
     import ray
     from ray.util.queue import Queue
 
     import benchmark
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, num_cpus=None if address else local_cpus, include_dashboard=False,
-                 log_to_driver=False)
+    if ray.is_initialized():
+        raise ZooError("Ray is already initialized in this process; the runner starts its own Ray job, which "
+                       "ships the code: call ray.shutdown() first")
     runtime_env: dict[str, Any] = {"working_dir": str(algos_dir), "py_modules": [str(Path(benchmark.__file__).parent)],
                                    "excludes": ["__pycache__", "*.pyc"]}
     if requirements is not None:
         runtime_env["pip"] = [line.strip() for line in requirements.read_text().splitlines()
                               if line.strip() and not line.lstrip().startswith("#")]
+    ray.init(address=address, num_cpus=None if address else local_cpus, include_dashboard=False,
+             log_to_driver=False, runtime_env=runtime_env)
     code = provenance.code_version(repo)
     events = Queue(actor_options={"num_cpus": 0})
     pending: dict[Any, Job] = {}
@@ -312,8 +316,7 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
                 continue
             prepare_run_dir(job, resume=False)  # the outputs come back from the worker
             options = {"num_cpus": job.preset.num_cpus, "num_gpus": job.preset.num_gpus if gpus else 0,
-                       "memory": int(job.memory_gb * 1e9), "runtime_env": runtime_env,
-                       "max_retries": RAY_RETRIES}
+                       "memory": int(job.memory_gb * 1e9), "max_retries": RAY_RETRIES}
             stored = f"{storage.rstrip('/')}/{job.run_dir.parent.parent.name}/{job.preset.name}/seed{job.seed}" \
                 if storage else None
             argv = job.argv("unused", "run")[1:]
@@ -346,6 +349,4 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
             ray.cancel(ref, force=True)
         raise
     finally:
-        ray.kill(events.actor)
-        if started_here:
-            ray.shutdown()
+        ray.shutdown()

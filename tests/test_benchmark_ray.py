@@ -1,0 +1,128 @@
+"""The Ray backend on a real multi-node cluster on this machine (ray.cluster_utils.Cluster: a head
+without CPUs and two worker nodes of one CPU each): code shipped with each task (no run reads
+the driver's folders), outputs brought back, resource requests, a killed node's run resumed from
+storage, and no training process left by a cancelled sweep or a lost driver.
+
+Heavy on a 2-core machine (a cluster takes about half a minute to start), so all `slow`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_benchmark import FAKE, _processes_with, _wait_for, preset_toml, record
+
+sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
+from benchmark.__main__ import main
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, monkeypatch, cluster):
+    """Write the fake script and a manifest; return the arguments of a Ray sweep on the cluster."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "algos").mkdir()
+    (tmp_path / "algos/fake.py").write_text(FAKE)
+
+    def make(*entries: str) -> list[str]:
+        (tmp_path / "zoo.toml").write_text("\n".join(entries))
+        return ["--zoo", "zoo.toml", "--algos-dir", "algos", "--runs-dir", "runs", "--results-dir", "results",
+                "--progress-interval-s", "600", "--backend", "ray", "--ray-address", cluster.address,
+                "--ray-requirements", "none", "--storage", str(tmp_path / "storage"), "--sync-interval-s", "1"]
+
+    return make
+
+
+def _driver(tmp_path: Path, args: list[str], name: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "benchmark", "full", *args, "--name", name], cwd=tmp_path,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stored_log(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> str:
+    path = tmp_path / "storage" / sweep / preset / f"seed{seed}" / "benchmark.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep):
+    args = sweep(preset_toml("a"), preset_toml("b", args="score = 7", full_extra="memory_gb = 1"),
+                 preset_toml("huge", full_extra="memory_gb = 100000"))
+    assert main(["full", *args, "--name", "ray"]) == 1  # 'huge' fits no node
+    for preset, score in (("a", 101.0), ("b", 8.0)):
+        run_dir = tmp_path / "runs/ray" / preset / "seed1"
+        rec = record(tmp_path, "ray", preset)
+        assert rec["status"] == "ok" and rec["summary"]["eval_mean"] == score, rec
+        log = (run_dir / "benchmark.log").read_text()
+        # The script ran from the copy Ray shipped (working_dir), not from the driver's folder.
+        assert "attempt on node" in log and "fake run" in log and f"from {tmp_path / 'algos'}\n" not in log
+        assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "config.json").exists()
+        assert not (run_dir / "checkpoints").exists()  # big files stay on the worker, and in storage
+        assert (tmp_path / f"storage/ray/{preset}/seed1/checkpoints/latest.pt").exists()
+        assert rec["command"][:1] == ["algos/fake.py"] and rec["provenance"]["device"] == "cpu"
+        assert rec["provenance"]["host"] and rec["provenance"]["versions"]["torch"]
+    huge = record(tmp_path, "ray", "huge")
+    assert huge["status"] == "failed" and "asks for 100000 GB of memory; a node of the Ray cluster" in huge["reason"]
+    assert (tmp_path / "results/ray/plots/b.png").exists()
+
+
+def test_a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster):
+    args = sweep(preset_toml("stall", args='behaviour = "stall-once"', timeout=300, env="Killed-v0"))
+    driver = _driver(tmp_path, args, "kill")
+    _wait_for(lambda: (tmp_path / "storage/kill/stall/seed1/checkpoints/latest.pt").exists(), driver, timeout=180)
+    node_id = _stored_log(tmp_path, "kill", "stall").split("attempt on node ")[1][:12]
+    (node,) = [n for n in cluster.worker_nodes if n.node_id.startswith(node_id)]
+    cluster.remove_node(node, allow_graceful=False)
+    try:
+        out, err = driver.communicate(timeout=240)
+        assert driver.returncode == 0, (out, err)
+        rec = record(tmp_path, "kill", "stall")
+        assert rec["status"] == "ok" and rec["resumed"] and rec["command"][-1].endswith("checkpoints/latest.pt")
+        log = (tmp_path / "runs/kill/stall/seed1/benchmark.log").read_text()
+        assert log.count("attempt on node") == 2 and "resumed from" in log and "resumed at step 100" in log, log
+        assert [step for step, _ in rec["curves"]["train"]] == list(range(10, 201, 10))  # both attempts' points
+        _wait_for(lambda: not _processes_with("Killed-v0"), timeout=60)
+    finally:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+
+
+@pytest.mark.parametrize("stop", ["cancel", "lost driver"])
+def test_a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str):
+    env = f"Stopped{stop.title().replace(' ', '')}-v0"
+    args = sweep(preset_toml("slow", seeds=2, args='behaviour = "sleep"', timeout=300, env=env))
+    driver = _driver(tmp_path, args, "stop")
+    _wait_for(lambda: all("fake run" in _stored_log(tmp_path, "stop", "slow", seed) for seed in (1, 2)), driver,
+              timeout=180)
+    assert len(_processes_with(env)) >= 2
+    if stop == "cancel":
+        driver.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = driver.communicate(timeout=120)
+        assert driver.returncode == 130 and "interrupted" in err, (out, err)
+    else:
+        driver.kill()
+        driver.communicate()
+    start = time.monotonic()
+    _wait_for(lambda: not _processes_with(env), timeout=90)
+    print(f"{stop}: training processes gone {time.monotonic() - start:.0f} s after the driver stopped")
+    if stop == "cancel":  # stopped by SIGTERM, so they leave their run folder as a checkpointing run would
+        assert json.loads((tmp_path / "storage/stop/slow/seed1/config.json").read_text())["env_id"] == env
