@@ -51,7 +51,7 @@ Implementation details:
     targets (the order of DDPG's Algorithm 1, TD3 and CleanRL). Acme differs (learning.py of
     both agents): it takes both gradients at the parameters before the update, so its actor
     follows the critic of the previous step, and it evaluates the actor loss at the batch's
-    s_{t+n} (next observations), not s_t. With small learning rates the two orders differ little.
+    s_{t+n} (next observations), not s_t. No flag aligns this; a reader comparing runs should know.
  9. Checkpoints hold the networks, optimizers, replay buffer, priorities, pending n-step windows,
     counters and the state of the two generators the file draws from: torch's (initialisation)
     and numpy's `rng` (noise, random actions, replay and PER sampling); everything is loaded on
@@ -65,7 +65,7 @@ Implementation details:
     when the discounted return of an observed episode leaves [v_min, v_max].
 11. Evaluation: the deterministic actor without noise, on a separate env, episode i seeded
     `seed + 10_000 + i`.
-Deviations from the paper / Acme, all for a 20k-step Pendulum budget (the zoo preset):
+Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pendulum budget):
  a. Adam 3e-4 for the actor and 1e-3 for the critic (Acme 1e-4 for both, set for runs of
     millions of steps). With an actor at 1e-3 too, one Pendulum seed of two kept a start state
     it could not swing up from (final eval -210); at 3e-4 the actor moves after a settled critic.
