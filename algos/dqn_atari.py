@@ -15,20 +15,23 @@ Equations (Nature, Methods "Training algorithm for deep Q-networks"):
   L(theta) = E_{(s, a, r, s', d) ~ U(D)} [ (y_j - Q(s_j, a_j; theta))^2 ]
   theta^- <- tau * theta + (1 - tau) * theta^-   every C = --target-network-frequency steps
              (tau = 1: the paper's hard copy)
-  epsilon_t = max(end_e, start_e + (end_e - start_e) * t / (exploration_fraction * T))
+  epsilon_t = max(end_e, start_e + (end_e - start_e) * t / H),   H = exploration_fraction * T
 
 Implementation details:
  1. Environment: ale_py's C++ AtariVectorEnv with the literature preprocessing: up to 30
     no-op starts, frame skip 4 with a max over the last two frames, 84x84 grayscale, a stack
     of 4, FIRE on reset. `<Game>NoFrameskip-v4` -> no sticky actions (the DQN protocol);
-    `ALE/<Game>-v5` -> sticky actions 0.25 (Machado et al. 2018). Other ids are refused.
+    `ALE/<Game>-v5` -> sticky actions 0.25 (Machado et al. 2018). <Game> is any ROM ale_py
+    ships, spelled as Gymnasium spells it (`ALE/Pitfall2-v5`, `TicTacToe3DNoFrameskip-v4`);
+    other ids are refused in one line.
  2. Rewards: the network learns from sign(r) (Nature's clipping); `charts/episodic_return` is
     the unclipped full-game score (all lives) and `charts/episodic_length` is in agent steps.
  3. A lost life is terminal for learning only (d = 1 in the replay), detected as a drop of
-    `info["lives"]` within a game (after a game end the count is the next game's); the game
-    (and the score) goes on. Deviation from CleanRL: unlike its EpisodicLife + FireReset
-    wrappers, FIRE is not pressed after a lost life (only when a game starts); the agent
-    learns to press it, which changes Breakout's early learning curve.
+    `info["lives"]` within a game (after a game end the count is the next game's, and a game
+    with bonus lives can end above it); the game (and the score) goes on. Deviation from
+    CleanRL: unlike its EpisodicLife + FireReset wrappers, FIRE is not pressed after a lost
+    life (only when a game starts); the agent learns to press it, which changes Breakout's
+    early learning curve.
  4. Autoreset mode SameStep: the step that ends a game returns the first observation of the
     next game and the real last one in `info["final_obs"]`, which becomes s' of the stored
     transition. No transition spans two games. Truncation (`--max-episode-frames`) stores
@@ -38,7 +41,8 @@ Implementation details:
     are rebuilt at sampling; frames before a game's first frame are zeros, exactly what the
     env returns at reset. Each game costs one extra slot (its final frame). Sampling is
     uniform over stored transitions and fully vectorised.
- 6. Nature CNN (32x8x8/4, 64x4x4/2, 64x3x3/1, 512), uint8 until the forward pass (x / 255).
+ 6. Nature CNN (32x8x8/4, 64x4x4/2, 64x3x3/1, 512), uint8 until the forward pass, which
+    divides a float copy by 255 (the caller's tensor is never changed).
  7. Deviations from the paper, following CleanRL (whose published scores are our anchor):
     Adam lr 1e-4 instead of RMSProp 2.5e-4; squared error instead of the paper's error
     clipping to [-1, 1] (a Huber loss); learning starts at 80k steps instead of 50k.
@@ -49,27 +53,43 @@ Implementation details:
     in games that need FIRE after a lost life (detail 3), and the random actions come from a
     fixed-seed generator so evaluation stays reproducible. --eval-only takes the env, seed,
     frame cap and epsilon from the checkpoint: it repeats the run's own final evaluation.
-10. Checkpoints hold the replay memory as tensors sharing the numpy storage (no copy while
-    saving; a full memory adopts the loaded arrays, so ~7 GB on disk and in RAM, not twice).
-    SIGINT/SIGTERM abandon any evaluation, save a checkpoint and exit 0 without summary.json
-    (a second Ctrl-C kills). On resume the emulators restart (their state is not saved), so
-    the game in progress is cut like a truncation; pass the same arguments plus --resume.
+    --capture-video saves the first game of that evaluation as the network sees it (84x84
+    grayscale, 15 agent steps per second): the vector env does not render, and a game replayed
+    on another emulator wrapper would not be the one whose score is reported.
+10. Checkpoints hold the networks, the optimizer, the counters, the epsilon horizon H, the
+    replay memory (as tensors sharing the numpy storage: no copy while saving; a full memory
+    adopts the loaded arrays, so ~7 GB on disk and in RAM, not twice; with torch >= 2.6
+    --eval-only maps the file and never reads it) and the state of exactly the generators used:
+    torch's (initialisation; CUDA's on a GPU) and the numpy one of epsilon-greedy and replay
+    sampling. SIGINT/SIGTERM abandon any evaluation, save a checkpoint and exit 0 without
+    summary.json (a second one kills). On resume the emulators restart (their state is not
+    saved), so the game in progress is cut like a truncation; pass the same arguments plus
+    --resume. Resume and --eval-only write into --run-dir, else the folder above checkpoints/.
+11. The epsilon horizon H = exploration_fraction * T is fixed by the run's first --total-steps
+    T and kept in the checkpoint: a resume with a larger --total-steps (extending a 500k run
+    to 10M) continues at end_e instead of jumping back to exploring. H is a length of
+    exploration, as in Nature (1M frames whatever the run's length), not a share of whatever
+    the run becomes; recomputing it would make the agent act near-randomly again and refill
+    the replay with that. For a different H, start a new run.
 
-Usage: python dqn_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
+Usage: python algos/dqn_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
 
 from __future__ import annotations
 
-import json
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads sleep instead of spinning
+
+import contextlib
+import importlib.util
+import json
 import random
-import re
 import resource
 import signal
 import time
-import warnings
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -77,15 +97,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-
-SCRIPT = "dqn_atari.py"
-
-
-def fail(message: str) -> SystemExit:
-    return SystemExit(f"{SCRIPT}: error: {message}")
 
 
 @dataclass
@@ -93,9 +106,9 @@ class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """Atari id: <Game>NoFrameskip-v4 (no sticky actions) or ALE/<Game>-v5 (sticky actions 0.25)"""
     seed: int = 1
-    """seed of python, numpy, torch and the environments (--eval-only: the checkpoint's)"""
+    """seed of torch, numpy and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
-    """environment steps in total, summed over envs"""
+    """env steps in total, summed over envs; a resume may raise it, epsilon keeps the first run's horizon (detail 11)"""
     num_envs: int = 1
     """parallel environments"""
     torch_deterministic: bool = True
@@ -119,12 +132,11 @@ class Args:
     checkpoint: str | None = None
     """checkpoint for --eval-only"""
     capture_video: bool = False
-    """record one evaluation game into <run_dir>/videos"""
+    """save the first game of the final (or --eval-only) evaluation as the network sees it into <run_dir>/videos"""
     track: bool = False
     """log to Weights & Biases"""
     wandb_project_name: str = "rl-training"
     """W&B project"""
-
     # DQN
     buffer_size: int = 1_000_000
     """replay memory size in transitions"""
@@ -143,7 +155,7 @@ class Args:
     end_e: float = 0.01
     """final exploration epsilon"""
     exploration_fraction: float = 0.10
-    """fraction of total steps over which epsilon decays linearly"""
+    """fraction of the first run's --total-steps over which epsilon decays linearly (a resume keeps it)"""
     learning_starts: int = 80_000
     """env steps before learning starts"""
     train_frequency: int = 4
@@ -156,31 +168,22 @@ class Args:
 
 # ---------------------------------------------------------------- environment
 def atari_game(env_id: str) -> tuple[str, float]:
-    """Map a Gymnasium Atari id to (ALE ROM name, sticky-action probability), or refuse it."""
-    import ale_py.roms
+    """Map a Gymnasium Atari id to (ALE ROM, sticky-action probability), or refuse it (detail 1)."""
+    from ale_py.roms import get_all_rom_ids
 
-    m = re.fullmatch(r"([A-Z][A-Za-z0-9]*)NoFrameskip-v4", env_id) or re.fullmatch(r"ALE/([A-Z][A-Za-z0-9]*)-v5", env_id)
-    if m is None:
-        hint = "for vector observations with discrete actions use ppg.py; for continuous actions use d4pg.py, naf.py or rlpd.py"
-        if "-ram" in env_id:
-            hint = "RAM observations are vectors: use ppg.py"
-        else:
-            try:  # name the file that fits an id Gymnasium knows
-                space = gym.make(env_id).action_space
-                hint = "its actions are continuous: use d4pg.py, naf.py or rlpd.py" if isinstance(space, gym.spaces.Box) else "it has vector observations: use ppg.py"
-            except Exception:
-                pass
-        raise fail(f"{env_id!r} is not a pixel Atari id (<Game>NoFrameskip-v4 or ALE/<Game>-v5); {hint}")
-    game = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", m.group(1)).lower()  # MsPacman -> ms_pacman
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            found = ale_py.roms.get_rom_path(game)
+    games = {rom.title().replace("_", ""): rom for rom in get_all_rom_ids()}  # as ale_py registers them: tic_tac_toe_3d -> TicTacToe3D
+    for prefix, suffix, sticky in (("", "NoFrameskip-v4", 0.0), ("ALE/", "-v5", 0.25)):
+        name = env_id[len(prefix):-len(suffix)] if env_id.startswith(prefix) and env_id.endswith(suffix) else None
+        if name in games:
+            return games[name], sticky
+        if name and name.isalnum():
+            raise fail(f"no Atari ROM named {name!r} in ale_py for {env_id!r}; check the game name (e.g. BreakoutNoFrameskip-v4)")
+    try:  # name the file that fits an id Gymnasium knows (importing ale_py registered the RAM ids)
+        space = gym.make(env_id).action_space
+        hint = "its actions are continuous: use d4pg.py or naf.py" if isinstance(space, gym.spaces.Box) else "it has vector observations: use ppg.py"
     except Exception:
-        found = None
-    if not found:
-        raise fail(f"no Atari ROM named {game!r} for {env_id!r}; check the game name (e.g. BreakoutNoFrameskip-v4)")
-    return game, 0.0 if env_id.endswith("NoFrameskip-v4") else 0.25
+        hint = "for vector observations with discrete actions use ppg.py; for continuous actions use d4pg.py or naf.py"
+    raise fail(f"{env_id!r} is not a pixel Atari id (<Game>NoFrameskip-v4 or ALE/<Game>-v5); {hint}")
 
 
 def make_env(args: Args, num_envs: int):
@@ -198,13 +201,12 @@ class QNetwork(nn.Module):
 
     def __init__(self, n_actions: int):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, n_actions))
+        self.net = nn.Sequential(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1),
+                                 nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, n_actions))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # channels_last while still uint8 (4x less to move); .float() keeps the layout
-        return self.net(x.contiguous(memory_format=torch.channels_last).float().div_(255.0))
+        # channels_last while still uint8 (4x less to move); out of place, so a float input is not scaled in place
+        return self.net(x.contiguous(memory_format=torch.channels_last).float() / 255.0)
 
 
 # ---------------------------------------------------------------- algorithm
@@ -223,25 +225,19 @@ def update_target(target: nn.Module, online: nn.Module, tau: float) -> None:
 
 
 class FrameReplayBuffer:
-    """Uniform replay memory that stores each frame once, one ring of slots per environment.
+    """Uniform replay memory that stores each frame once, one ring of slots per environment (detail 5). Slot k of
+    env e holds a frame and, if `valid`, the transition from the stack ending there to the stack ending at slot k+1.
+    A game's first frame is marked `first`; its final frame (s' of its last transition) starts no transition."""
 
-    Slot k of env e holds a frame and, if `valid`, the transition from the stack ending at
-    that frame to the stack ending at slot k+1. A game's first frame is marked `first`, its
-    final frame (s' of its last transition) gets a slot of its own that starts no transition.
-    """
+    ARRAYS = ("frames", "actions", "rewards", "dones", "first", "valid")
 
     def __init__(self, capacity: int, num_envs: int, frame_shape=(84, 84), stack: int = 4):
         self.n, self.cap, self.stack = num_envs, capacity // num_envs, stack
         self.frames = np.zeros((self.cap, num_envs, *frame_shape), np.uint8)  # slot-major: a filled prefix is contiguous
-        self.actions = np.zeros((self.cap, num_envs), np.int64)
-        self.rewards = np.zeros((self.cap, num_envs), np.float32)
-        self.dones = np.zeros((self.cap, num_envs), np.bool_)
-        self.first = np.zeros((self.cap, num_envs), np.bool_)
-        self.valid = np.zeros((self.cap, num_envs), np.bool_)
-        self.head = np.zeros(num_envs, np.int64)  # next slot to write, per env
-        self.written = np.zeros(num_envs, np.int64)
-        self.need_start = np.ones(num_envs, np.bool_)  # the next obs begins a game
-        self.envs = np.arange(num_envs)
+        self.actions, self.rewards = np.zeros((self.cap, num_envs), np.int64), np.zeros((self.cap, num_envs), np.float32)
+        self.dones, self.first, self.valid = (np.zeros((self.cap, num_envs), np.bool_) for _ in range(3))
+        self.head, self.written = np.zeros(num_envs, np.int64), np.zeros(num_envs, np.int64)  # next slot to write, per env
+        self.need_start, self.envs = np.ones(num_envs, np.bool_), np.arange(num_envs)  # need_start: the next obs begins a game
 
     def _write(self, e: np.ndarray, frame: np.ndarray, first: bool) -> None:
         h = self.head[e]
@@ -252,12 +248,10 @@ class FrameReplayBuffer:
         self.written[e] += 1
 
     def add(self, frame, action, reward, next_frame, done, ended) -> np.ndarray:
-        """Store one step of every env: the newest frames of s and s' (the real final obs if the game
-        ended), a, r, d, and `ended` (game over or truncation: the next obs starts a new game).
-        Returns flat ids."""
+        """Store one step of every env: the newest frames of s and s' (the real final obs if the game ended), a, r, d,
+        and `ended` (game over or truncation: the next obs starts a new game). Returns flat ids."""
         start = np.flatnonzero(self.need_start)
-        if start.size:
-            self._write(start, frame[start], True)
+        self._write(start, frame[start], True)
         cur = (self.head - 1) % self.cap  # slot of the newest frame of s
         self.actions[cur, self.envs], self.rewards[cur, self.envs], self.dones[cur, self.envs] = action, reward, done
         self.valid[cur, self.envs] = True
@@ -280,8 +274,6 @@ class FrameReplayBuffer:
         return self.get(self.sample_ids(batch_size, rng))
 
     def sample_ids(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-        if not self.valid.any():
-            raise ValueError("the replay memory holds no transition yet")
         n_ids, valid, idx = int(min(self.written.max(), self.cap)) * self.n, self.valid.reshape(-1), np.empty(0, np.int64)
         while idx.size < batch_size:  # rejection rounds over the batch, not a loop over its elements
             cand = rng.integers(0, n_ids, 2 * batch_size)
@@ -291,12 +283,11 @@ class FrameReplayBuffer:
     def state_dict(self) -> dict:
         m = int(min(self.written.max(), self.cap))
         # torch.from_numpy shares memory: saving writes the arrays without another 7 GB copy
-        arrays = {k: torch.from_numpy(getattr(self, k)[:m]) for k in ("frames", "actions", "rewards", "dones", "first", "valid")}
-        return {**arrays, "head": torch.from_numpy(self.head), "written": torch.from_numpy(self.written)}
+        return {**{k: torch.from_numpy(getattr(self, k)[:m]) for k in self.ARRAYS}, "head": torch.from_numpy(self.head), "written": torch.from_numpy(self.written)}
 
     def load_state_dict(self, state: dict) -> None:
         m = state["frames"].shape[0]
-        for k in ("frames", "actions", "rewards", "dones", "first", "valid"):
+        for k in self.ARRAYS:
             if m == self.cap:  # a full memory adopts the loaded arrays: no second 7 GB copy
                 setattr(self, k, state[k].numpy())
             else:
@@ -306,8 +297,7 @@ class FrameReplayBuffer:
 
 
 def store_step(rb: FrameReplayBuffer, obs, actions, reward, next_obs, terminated, truncated, info, lives):
-    """Details 2-4 for one vector step: store (s, a, sign(r), real s', d) with d = game over or lost
-    life. Returns (ended, the lives to compare with next step, flat ids of the stored transitions)."""
+    """Details 2-4: store (s, a, sign(r), real s', d = game over or lost life). Returns (ended, lives now, flat ids)."""
     ended = terminated | truncated
     # after a game end info["lives"] is the next game's count, and a game with bonus lives can end
     # above it: compare within a game only (a life lost on a truncation's own step is not visible)
@@ -317,93 +307,204 @@ def store_step(rb: FrameReplayBuffer, obs, actions, reward, next_obs, terminated
     return ended, info["lives"].copy(), ids
 
 
-# ---------------------------------------------------------------- checkpoints, evaluation
-def save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+def update(q_network: QNetwork, target_network: QNetwork, optimizer, batch, gamma: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gradient step on (y - Q(s, a; theta))^2 over a uniform minibatch. Returns (loss, Q(s, a)), detached."""
+    s, s_next, a, r, d = (torch.from_numpy(x).to(device) for x in batch)
+    with torch.no_grad():
+        y = td_target(r, d.float(), target_network(s_next), gamma)
+    q = q_network(s).gather(1, a[:, None]).squeeze(1)
+    loss = nn.functional.mse_loss(q, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach(), q.detach()
 
 
-def load_checkpoint(path: str, args: Args, what: str) -> dict:
-    if not Path(path).is_file():
-        raise fail(f"{what} {path!r} does not exist; give the path of a checkpoints/latest.pt")
-    try:  # --eval-only maps the file, so the replay memory in it is never read
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=what != "--resume")
-    except Exception as exc:
-        raise fail(f"cannot read {what} {path!r} ({type(exc).__name__}); it is corrupt or not a torch checkpoint")
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != "dqn_atari":
-        algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
-        raise fail(f"{path!r} is a checkpoint of {algo!r}, not dqn_atari; use the matching script")
-    needed = ("env_id", "args", "n_actions", "q_network", "global_step") + (("target_network", "optimizer", "buffer", "rng", "updates") if what == "--resume" else ())
-    missing = [key for key in needed if key not in ckpt]
-    if missing:
+def checkpoint_state(q_network, target_network, optimizer, rb: FrameReplayBuffer, updates: int, horizon: float, rng) -> dict:
+    return {"updates": updates, "exploration_steps": horizon, "n_actions": q_network.net[-1].out_features,
+            "q_network": q_network.state_dict(), "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
+            "buffer": rb.state_dict(), "rng": rng_state(torch=torch.default_generator, numpy=rng)}
+
+
+RESUME_KEYS = ("n_actions", "q_network", "target_network", "optimizer", "buffer", "rng", "updates", "exploration_steps")
+
+
+def require(ckpt: dict, path: str, keys: tuple[str, ...]) -> dict:
+    """A checkpoint that lacks what this use needs is refused in one line."""
+    if missing := [key for key in keys if key not in ckpt]:
         raise fail(f"{path!r} is incomplete (no {', '.join(missing)}); use a checkpoint written by dqn_atari.py")
-    if what == "--resume":  # --eval-only takes env and network from the checkpoint
-        if ckpt["env_id"] != args.env_id:
-            raise fail(f"{path!r} was trained on {ckpt['env_id']}, not {args.env_id}; pass --env-id {ckpt['env_id']}")
-        for key in ("num_envs", "buffer_size"):
-            if ckpt["args"].get(key) != getattr(args, key):
-                flag = "--" + key.replace("_", "-")
-                raise fail(f"{path!r} has {flag} {ckpt['args'].get(key)}, not {getattr(args, key)}; resume with {flag} {ckpt['args'].get(key)}")
     return ckpt
 
 
-def checkpoint_run_dir(path: str, run_dir: str | None) -> Path:
-    """Where --resume and --eval-only write: --run-dir, else the run folder holding the checkpoint
-    (the parent of its checkpoints/ folder; the run may have been moved since it was saved)."""
-    if run_dir:
-        return Path(run_dir)
-    folder = Path(path).resolve().parent
-    return folder.parent if folder.name == "checkpoints" else folder
+# ---------------------------------------------------------------- training
+def train(args: Args) -> None:
+    positive = np.nextafter(0.0, 1.0)  # the smallest float above 0: positive <= v means v > 0
+    check_args(args, [(lo <= getattr(args, k) <= hi, f"--{k.replace('_', '-')} must be {text}, got {getattr(args, k)}") for keys, lo, hi, text in (
+        (("num_envs", "buffer_size", "batch_size", "target_network_frequency", "train_frequency", "max_episode_frames"), 1, np.inf, ">= 1"),
+        (("learning_starts",), 0, np.inf, ">= 0"), (("learning_rate",), positive, np.inf, "> 0"), (("tau", "exploration_fraction"), positive, 1, "in (0, 1]"),
+        (("gamma", "start_e", "end_e", "eval_epsilon"), 0, 1, "in [0, 1]")) for k in keys] + [
+        (args.buffer_size >= 16 * args.num_envs, f"--buffer-size {args.buffer_size} leaves under 16 slots per env; use at least {16 * args.num_envs}"),
+        (args.learning_starts >= args.batch_size, f"--learning-starts {args.learning_starts} is below --batch-size {args.batch_size}; raise it")])
+    seed_everything(args.seed, args.torch_deterministic)  # before any CUDA use: it sets CUBLAS_WORKSPACE_CONFIG
+    if args.eval_only:
+        return eval_only(args)
+    device, rng = pick_device(args.device), np.random.default_rng(args.seed)  # rng: epsilon-greedy and replay sampling
+    ckpt = require(resume_checkpoint(args, same=("num_envs", "buffer_size")), args.resume, RESUME_KEYS) if args.resume else None
+    global_step, updates = (ckpt["global_step"], ckpt["updates"]) if ckpt else (0, 0)
+    horizon = ckpt["exploration_steps"] if ckpt else args.exploration_fraction * args.total_steps  # detail 11
+    envs = make_env(args, args.num_envs)
+    n, n_actions = args.num_envs, int(envs.single_action_space.n)
+    q_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
+    target_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+    rb = FrameReplayBuffer(args.buffer_size, n)
+    if ckpt:
+        for part, key in ((q_network, "q_network"), (target_network, "target_network"), (optimizer, "optimizer"), (rb, "buffer")):
+            part.load_state_dict(ckpt.pop(key))  # popped: the replay memory then lives in rb only
+        set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
+    stop = StopSignal()
+    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None, exploration_steps=horizon) as log:
+        obs, info = envs.reset(seed=args.seed + global_step)  # a resumed run restarts the games (detail 10)
+        lives, ep_return, ep_length = info["lives"].copy(), np.zeros(n), np.zeros(n, np.int64)
+        while global_step < args.total_steps and not stop:
+            epsilon = linear_schedule(args.start_e, args.end_e, horizon, global_step)
+            explore, actions = rng.random(n) < epsilon, rng.integers(0, n_actions, n)
+            if not explore.all():
+                with torch.inference_mode():
+                    greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
+                actions = np.where(explore, actions, greedy)
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            prev_step, global_step = global_step, global_step + n
+            ended, lives, _ = store_step(rb, obs, actions, reward, next_obs, terminated, truncated, info, lives)
+            ep_return, ep_length, obs = ep_return + reward, ep_length + 1, next_obs
+            for e in np.flatnonzero(ended):
+                log.episode(global_step, ep_return[e], ep_length[e])
+                ep_return[e], ep_length[e] = 0.0, 0
+
+            if global_step > args.learning_starts:
+                for _ in range(global_step // args.train_frequency - prev_step // args.train_frequency):
+                    loss, q = update(q_network, target_network, optimizer, rb.sample(args.batch_size, rng), args.gamma, device)
+                    log.check_finite(loss, global_step)
+                    updates += 1
+                    if updates % 100 == 0:  # as CleanRL
+                        log.scalars(global_step, {"losses/td_loss": loss, "losses/q_values": q.mean()})
+                if every(global_step, prev_step, args.target_network_frequency):
+                    update_target(target_network, q_network, args.tau)
+            if every(global_step, prev_step, max(1000, n)) or global_step >= args.total_steps or stop:
+                log.scalars(global_step, {"charts/SPS": log.sps(global_step), "charts/learning_rate": args.learning_rate, "charts/epsilon": epsilon})
+            if stop:  # save right away: no evaluation, no periodic checkpoint
+                break
+            if every(global_step, prev_step, args.eval_interval) and global_step < args.total_steps:
+                returns = evaluate(q_network, args, device, args.eval_episodes, stop)
+                if returns is not None:  # None: a signal came during the evaluation
+                    log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
+            if every(global_step, prev_step, args.checkpoint_interval) and global_step < args.total_steps and not stop:
+                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(q_network, target_network, optimizer, rb, updates, horizon, rng))
+            log.progress(global_step, args.total_steps)
+        envs.close()
+        save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(q_network, target_network, optimizer, rb, updates, horizon, rng))
+        returns = None if stop else evaluate(q_network, args, device, args.eval_episodes, stop, log.run_dir / "videos" if args.capture_video else None)
+        if returns is None:  # complete but unevaluated: --resume with the same --total-steps evaluates it
+            return log.interrupted(global_step)
+        log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
+        log.summary(global_step, returns, updates=updates)
 
 
-def evaluate(q_network: nn.Module, args: Args, device: torch.device, episodes: int, stop=()) -> list[float] | None:
-    """Unclipped full-game scores of `episodes` games, one sub-env each, epsilon-greedy (detail 9);
-    None if a stop signal arrives meanwhile (the time is the checkpoint's)."""
+# ---------------------------------------------------------------- evaluation
+def evaluate(q_network: nn.Module, args: Args, device: torch.device, episodes: int, stop=(), video_dir: Path | None = None) -> list[float] | None:
+    """Unclipped full-game scores of `episodes` games, one sub-env each (detail 9); None if a stop signal comes.
+    With `video_dir`, game 0 is saved there as an mp4 of what the network sees (detail 9)."""
     env = make_env(args, episodes)
     rng = np.random.default_rng(args.seed + 10_000)
     obs, _ = env.reset(seed=args.seed + 10_000)  # env i gets seed + 10000 + i
-    returns, running, finished = np.zeros(episodes), np.zeros(episodes), np.zeros(episodes, np.bool_)
-    while not finished.all():
-        if stop:
-            env.close()
-            return None
+    returns, running, finished, frames = np.zeros(episodes), np.zeros(episodes), np.zeros(episodes, np.bool_), [obs[0, -1]]
+    while not finished.all() and not stop:
         with torch.inference_mode():
             greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
         actions = np.where(rng.random(episodes) < args.eval_epsilon, rng.integers(0, env.single_action_space.n, episodes), greedy)
-        obs, reward, terminated, truncated, _ = env.step(actions)
+        obs, reward, terminated, truncated, info = env.step(actions)
         running += reward * ~finished
         newly = (terminated | truncated) & ~finished
+        if video_dir and not finished[0]:  # game 0's newest frame; at its end the real last one, not the next game's first
+            frames.append(info["final_obs"][0, -1] if newly[0] else obs[0, -1])
         returns[newly], finished = running[newly], finished | newly
     env.close()
-    return returns.tolist()
+    if video_dir and not stop:
+        from gymnasium.utils.save_video import save_video
+
+        save_video([np.repeat(frame[:, :, None], 3, axis=2) for frame in frames], str(video_dir), fps=15, name_prefix="eval")
+    return None if stop else returns.tolist()
 
 
-def record_video(q_network: nn.Module, args: Args, device: torch.device, folder: Path) -> None:
-    """One game through Gymnasium's ALE env (AtariVectorEnv does not render), same preprocessing."""
-    import ale_py
-    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordVideo
+def eval_only(args: Args) -> None:
+    """Evaluate --checkpoint with its run's env, seed, frame cap and epsilon: the run's own final evaluation (detail 9)."""
+    config = getattr(getattr(torch.utils, "serialization", None), "config", None)  # torch >= 2.6 can map the file:
+    with config.patch({"load.mmap": True}) if config else contextlib.nullcontext():  # its replay memory is never read
+        ckpt = require(load_checkpoint(args.checkpoint), args.checkpoint, ("n_actions", "q_network"))
+    run, device = replace(args, **{key: ckpt["args"][key] for key in ("env_id", "seed", "max_episode_frames", "eval_epsilon")}), pick_device(args.device)
+    q_network = QNetwork(ckpt["n_actions"]).to(device).to(memory_format=torch.channels_last)
+    q_network.load_state_dict(ckpt["q_network"])
+    run_dir = run_dir_for(args, args.checkpoint)
+    write_eval_only(run_dir, args, ckpt, evaluate(q_network, run, device, args.eval_episodes, video_dir=run_dir / "videos" if args.capture_video else None))
 
-    gym.register_envs(ale_py)
-    game, sticky = atari_game(args.env_id)
-    name = "".join(part.capitalize() for part in game.split("_"))
-    env = gym.make(f"ALE/{name}-v5", frameskip=1, repeat_action_probability=sticky, max_num_frames_per_episode=args.max_episode_frames, render_mode="rgb_array")
-    env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
-    env = RecordVideo(FrameStackObservation(env, 4, padding_type="zero"), str(folder), episode_trigger=lambda i: True, disable_logger=True)
-    rng = np.random.default_rng(args.seed + 10_000)
-    obs, _ = env.reset(seed=args.seed + 10_000)
-    meanings = env.unwrapped.get_action_meanings()
-    if "FIRE" in meanings:  # AtariVectorEnv presses FIRE on reset (use_fire_reset); so does the video game
-        obs, *_ = env.step(meanings.index("FIRE"))
-    done = False
-    while not done:
-        with torch.inference_mode():
-            action = int(q_network(torch.from_numpy(np.asarray(obs))[None].to(device)).argmax(1).item())
-        if rng.random() < args.eval_epsilon:
-            action = int(rng.integers(env.action_space.n))
-        obs, _, terminated, truncated, _ = env.step(action)
-        done = terminated or truncated
-    env.close()
+
+# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).
+# No algorithm knowledge below: errors, argument checks, device, seeding, checkpoints, RNG state, stop signals,
+# interval tests and the logger. Change it in one file, then copy it to the others.
+SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+PROCESS_START = time.time()  # summary.json's wall_time_s counts from here (imports done)
+
+
+def fail(message: str) -> SystemExit:
+    """`raise fail(...)`: one line on stderr, exit status 1 (bad input stops before training)."""
+    return SystemExit(f"{SCRIPT}: error: {message}")
+
+
+def check_args(args, rows: list[tuple[bool, str]]) -> None:
+    """Stop at the first (condition, message) row whose condition is false; the common flags first."""
+    common = [
+        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
+        (min(args.eval_interval, args.checkpoint_interval) >= 0, "--eval-interval and --checkpoint-interval must be >= 0 (0: only at the end)"),
+        (not args.eval_only or args.checkpoint is not None, "--eval-only needs --checkpoint PATH"),
+        (not (args.eval_only and args.resume), "--eval-only evaluates --checkpoint and cannot --resume; drop one"),
+        (args.device != "cuda" or torch.cuda.is_available(), "--device cuda but CUDA is not available; use --device cpu or auto"),
+        (not args.track or importlib.util.find_spec("wandb") is not None, "--track needs wandb (pip install wandb), or drop --track"),
+    ]
+    for ok, message in common + rows:
+        if not ok:
+            raise fail(message)
+
+
+def pick_device(name: str) -> torch.device:  # "cuda" without CUDA is refused by check_args
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed the global generators; --torch-deterministic asks for deterministic kernels."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read when CUDA starts
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # CPU and every CUDA device
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def rng_state(**generators) -> dict:
+    """Exactly the generators a file draws from (numpy or torch ones), plus CUDA's when CUDA is in use."""
+    state = {name: g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state()
+             for name, g in generators.items()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, **generators) -> None:
+    for name, g in generators.items():  # a numpy Generator's state is a dict, a torch Generator's a tensor
+        g.set_state(state[name]) if isinstance(g, torch.Generator) else setattr(g.bit_generator, "state", state[name])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -412,220 +513,159 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def check_args(args: Args) -> None:
-    positive = ("total_steps", "num_envs", "buffer_size", "batch_size", "target_network_frequency", "train_frequency", "max_episode_frames", "eval_episodes")
-    for key in positive:
-        if getattr(args, key) < 1:
-            raise fail(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    for key in ("checkpoint_interval", "eval_interval", "learning_starts"):
-        if getattr(args, key) < 0:
-            raise fail(f"--{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
-    for key in ("gamma", "start_e", "end_e", "eval_epsilon"):
-        if not 0.0 <= getattr(args, key) <= 1.0:
-            raise fail(f"--{key.replace('_', '-')} must be in [0, 1], got {getattr(args, key)}")
-    for key in ("tau", "exploration_fraction"):
-        if not 0.0 < getattr(args, key) <= 1.0:
-            raise fail(f"--{key.replace('_', '-')} must be in (0, 1], got {getattr(args, key)}")
-    if not args.learning_rate > 0:
-        raise fail(f"--learning-rate must be > 0, got {args.learning_rate}")
-    if args.buffer_size // args.num_envs < 16:
-        raise fail(f"--buffer-size {args.buffer_size} leaves under 16 slots per env; use at least {16 * args.num_envs}")
-    if args.learning_starts < args.batch_size:
-        raise fail(f"--learning-starts {args.learning_starts} is below --batch-size {args.batch_size}; raise it")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise fail("--device cuda but CUDA is not available; use --device cpu or auto")
-    if args.eval_only and not args.checkpoint:
-        raise fail("--eval-only needs --checkpoint PATH")
+def save_checkpoint(path: Path, args, global_step: int, state: dict) -> None:
+    """Plain tensors and containers, written to a temporary file and renamed: a kill leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"algo": ALGO, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
+    os.replace(tmp, path)
 
 
-# ---------------------------------------------------------------- training
-def train(args: Args) -> None:
-    t0 = time.time()  # summary's wall_time_s: the whole process
-    check_args(args)
-    atari_game(args.env_id)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else "cpu" if args.device == "auto" else args.device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
-
-    if args.eval_only:
-        ckpt = load_checkpoint(args.checkpoint, args, "--checkpoint")
-        for key in ("env_id", "seed", "max_episode_frames", "eval_epsilon"):  # the run's own final evaluation (detail 9)
-            setattr(args, key, ckpt["args"].get(key, getattr(args, key)))
-        run_dir = checkpoint_run_dir(args.checkpoint, args.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        q_network = QNetwork(ckpt["n_actions"]).to(device).to(memory_format=torch.channels_last)
-        q_network.load_state_dict(ckpt["q_network"])
-        returns = evaluate(q_network, args, device, args.eval_episodes)
-        if args.capture_video:
-            record_video(q_network, args, device, run_dir / "videos")
-        result = {"script": SCRIPT, "algo": "dqn_atari", "env_id": args.env_id, "seed": args.seed, "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"],
-                  "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns}
-        write_json(run_dir / "eval.json", result)
-        print(f"eval {args.env_id} (seed {args.seed}) over {len(returns)} games: {result['eval_mean']:.2f} +- {result['eval_std']:.2f}")
-        return
-
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise fail("--track needs the wandb package; pip install wandb or drop --track") from None
-    ckpt = load_checkpoint(args.resume, args, "--resume") if args.resume else None
-    if ckpt is not None and args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; raise it")
-    if ckpt is None:
-        run_dir = Path(args.run_dir or f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    else:
-        run_dir = checkpoint_run_dir(args.resume, args.run_dir)
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    args.run_dir = str(run_dir)
-    if args.track:  # before the SummaryWriter exists, so sync_tensorboard sees it
-        wandb.init(project=args.wandb_project_name, config=vars(args), sync_tensorboard=True, dir=str(run_dir), mode=os.environ.get("WANDB_MODE", "online"))
+def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+    """Loaded on the CPU with weights_only=True (a stranger's checkpoint cannot run code); the algorithm
+    moves what it needs to its device. Refuses another script's or another environment's checkpoint."""
     try:
-        write_json(run_dir / "config.json", asdict(args))
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
+    except Exception as e:
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint")
+    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
+        raise fail(f"{path} is not a checkpoint written by this library; pass a checkpoints/latest.pt")
+    elif ckpt["algo"] != ALGO:
+        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py, not {SCRIPT}; use {ckpt['algo']}.py")
+    if env_id is not None and ckpt["env_id"] != env_id:
+        raise fail(f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']}")
+    return ckpt
 
-        envs = make_env(args, args.num_envs)
-        n, n_actions = args.num_envs, int(envs.single_action_space.n)
-        q_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
-        target_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
-        target_network.load_state_dict(q_network.state_dict())
-        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-        rb = FrameReplayBuffer(args.buffer_size, n)
-        rng = np.random.default_rng(args.seed)  # exploration and replay sampling
-        global_step, updates = 0, 0
-        if ckpt is not None:
-            q_network.load_state_dict(ckpt["q_network"])
-            target_network.load_state_dict(ckpt["target_network"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            rb.load_state_dict(ckpt["buffer"])
-            global_step, updates = ckpt["global_step"], ckpt["updates"]
-            rng.bit_generator.state = ckpt["rng"]["numpy"]
-            random.setstate((ckpt["rng"]["python"][0], tuple(ckpt["rng"]["python"][1]), ckpt["rng"]["python"][2]))
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            cuda_states = ckpt["rng"].get("cuda") or []
-            if torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda_states)
-            del ckpt
-        # purge what a killed run logged after its checkpoint; points at the checkpoint's own step
-        # (the final evaluation of a finished run) were logged by a state we continue from
-        writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if args.resume else None)
-        if not args.resume:
-            writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-        nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # any non-finite loss since the last look
 
-        def check_finite() -> None:  # before saving, evaluating and logging; per update it would sync the GPU
-            if nonfinite.item():
-                raise fail(f"non-finite loss before step {global_step:,}; the last good checkpoint is kept; lower --learning-rate")
+def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
+    """--resume's checkpoint; refused below its step or when an argument in `same` (sizes of what it holds) differs."""
+    ckpt = load_checkpoint(args.resume, args.env_id)
+    if args.total_steps < ckpt["global_step"]:
+        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
+    for key in same:
+        if ckpt["args"][key] != getattr(args, key):
+            flag = "--" + key.replace("_", "-")
+            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+    return ckpt
 
-        def checkpoint() -> None:
-            check_finite()
-            py_state = random.getstate()
-            save_checkpoint(run_dir / "checkpoints" / "latest.pt", {
-                "algo": "dqn_atari", "env_id": args.env_id, "args": asdict(args), "run_dir": str(run_dir.resolve()), "global_step": global_step, "updates": updates,
-                "n_actions": n_actions, "q_network": q_network.state_dict(), "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
-                "buffer": rb.state_dict(), "rng": {"numpy": rng.bit_generator.state, "python": [py_state[0], list(py_state[1]), py_state[2]], "torch": torch.get_rng_state(),
-                                                   "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}})
 
-        stop = []
+def run_dir_for(args, checkpoint: str | None) -> Path:
+    """--run-dir if given; for a resume or --eval-only, the folder that holds the checkpoint's
+    checkpoints/ folder where it lies now; else runs/<env>__<exp>__<seed>__<unix time>."""
+    if args.run_dir:
+        return Path(args.run_dir)
+    if checkpoint:
+        folder = Path(checkpoint).resolve().parent
+        return folder.parent if folder.name == "checkpoints" else folder
+    return Path(f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
 
-        def on_signal(signum, frame) -> None:
-            stop.append(signum)
-            for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal kills at once
-                signal.signal(sig, signal.SIG_DFL)
 
+def write_eval_only(run_dir: Path, args, ckpt: dict, returns: list[float], **extra) -> None:
+    """eval.json of --eval-only, beside the run's own outputs."""
+    result = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"],
+              "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"], **eval_stats(returns), **extra}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "eval.json", result)
+    print(f"eval at step {ckpt['global_step']:,}: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
+
+
+def eval_stats(returns: list[float]) -> dict:  # the evaluation fields of summary.json and eval.json
+    return {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
+            "eval_episodes": len(returns), "eval_returns": [float(r) for r in returns]}
+
+
+class StopSignal:
+    """The first SIGINT or SIGTERM makes this true: the loop checkpoints and leaves at its next safe
+    point. Both signals then go back to their defaults, so a second one kills at once."""
+
+    def __init__(self):
+        self.signum = None
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, on_signal)
+            signal.signal(sig, self._on_signal)
 
-        def interrupted() -> None:
-            print(f"signal {stop[0]}: saved {run_dir / 'checkpoints' / 'latest.pt'} at step {global_step:,}; continue with --resume")
-            writer.close()
+    def _on_signal(self, signum, _frame) -> None:
+        self.signum = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
 
-        obs, info = envs.reset(seed=args.seed + global_step)  # a resumed run restarts the games (detail 10)
-        lives = info["lives"].copy()
-        ep_return, ep_length = np.zeros(n), np.zeros(n, np.int64)
-        recent = deque(maxlen=20)
-        log_every = max(1000, n)  # charts/ cadence in env steps, independent of updates
-        start_step, start_time, last_print = global_step, time.time(), time.time()
-        while global_step < args.total_steps:
-            if stop:
-                checkpoint()
-                envs.close()
-                return interrupted()
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_steps, global_step)
-            explore, actions = rng.random(n) < epsilon, rng.integers(0, n_actions, n)
-            if not explore.all():
-                with torch.inference_mode():
-                    greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
-                actions = np.where(explore, actions, greedy)
-            next_obs, reward, terminated, truncated, info = envs.step(actions)
-            prev_step, global_step = global_step, global_step + n
+    def __bool__(self) -> bool:
+        return self.signum is not None
 
-            ended, lives, _ = store_step(rb, obs, actions, reward, next_obs, terminated, truncated, info, lives)
-            ep_return += reward
-            ep_length += 1
-            for e in np.flatnonzero(ended):
-                writer.add_scalar("charts/episodic_return", ep_return[e], global_step)
-                writer.add_scalar("charts/episodic_length", ep_length[e], global_step)
-                recent.append(ep_return[e])
-                ep_return[e], ep_length[e] = 0.0, 0
-            obs = next_obs
 
-            if global_step > args.learning_starts:
-                for _ in range(global_step // args.train_frequency - prev_step // args.train_frequency):
-                    s, s_next, a, r, d = (torch.from_numpy(x).to(device) for x in rb.sample(args.batch_size, rng))
-                    with torch.no_grad():
-                        y = td_target(r, d.float(), target_network(s_next), args.gamma)
-                    q = q_network(s).gather(1, a[:, None]).squeeze(1)
-                    loss = F.mse_loss(q, y)
-                    nonfinite.logical_or_(~torch.isfinite(loss))
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    updates += 1
-                    if updates % 100 == 0:
-                        check_finite()
-                        writer.add_scalar("losses/td_loss", loss.item(), global_step)
-                        writer.add_scalar("losses/q_values", q.mean().item(), global_step)
-                if global_step // args.target_network_frequency > prev_step // args.target_network_frequency:
-                    update_target(target_network, q_network, args.tau)
+def every(step: int, previous_step: int, interval: int) -> bool:
+    """True when a multiple of `interval` lies in (previous_step, step]; never when interval is 0."""
+    return interval > 0 and step // interval != previous_step // interval
 
-            if global_step // log_every > prev_step // log_every or global_step >= args.total_steps:
-                writer.add_scalar("charts/SPS", (global_step - start_step) / (time.time() - start_time), global_step)
-                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
-                writer.add_scalar("charts/epsilon", epsilon, global_step)
-            if not stop and args.eval_interval and global_step < args.total_steps and global_step // args.eval_interval > prev_step // args.eval_interval:
-                check_finite()
-                returns = evaluate(q_network, args, device, args.eval_episodes, stop)
-                if returns is not None:
-                    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-            if not stop and args.checkpoint_interval and global_step < args.total_steps and global_step // args.checkpoint_interval > prev_step // args.checkpoint_interval:
-                checkpoint()
-            if time.time() - last_print > 5:
-                last_print, sps = time.time(), (global_step - start_step) / (time.time() - start_time)
-                ret = f"{np.mean(recent):.1f}" if recent else "-"
-                print(f"step {global_step:,}/{args.total_steps:,} | {sps:.0f} SPS | return {ret} | eps {epsilon:.2f} | eta {(args.total_steps - global_step) / max(sps, 1e-9) / 60:.0f}m", flush=True)
 
-        loop_time = max(time.time() - start_time, 1e-9)
-        envs.close()
-        checkpoint()
-        returns = None if stop else evaluate(q_network, args, device, args.eval_episodes, stop)
-        if returns is None:  # the run is complete but unevaluated: --resume with the same --total-steps evaluates it
-            return interrupted()
-        writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-        if args.capture_video and not stop:
-            record_video(q_network, args, device, run_dir / "videos")
-        writer.close()
-        write_json(run_dir / "summary.json", {
-            "script": SCRIPT, "algo": "dqn_atari", "env_id": args.env_id, "seed": args.seed, "global_step": global_step,
-            "eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)), "eval_episodes": len(returns), "eval_returns": returns,
-            "wall_time_s": time.time() - t0, "sps": (global_step - start_step) / loop_time, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
-        print(f"done: step {global_step:,} | eval {np.mean(returns):.2f} +- {np.std(returns):.2f} | {run_dir}")
-    finally:
-        if args.track:
-            wandb.finish()
+class RunLogger:
+    """TensorBoard events (and W&B with --track), config.json, the progress line and summary.json of
+    one run. `with RunLogger(...) as log:` finishes the W&B run with the right exit code on every way out.
+    SPS counts this process's env steps over its training loop: the last sps() call marks the loop's end."""
 
+    def __init__(self, args, run_dir: Path, start_step: int, resumed: bool, **config):
+        self.args, self.run_dir, self.start_step = args, run_dir, start_step
+        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", {**asdict(args), "run_dir": str(run_dir), **config})
+        self.wandb = importlib.import_module("wandb") if args.track else None  # optional: imported only when asked
+        if self.wandb is not None:
+            self.wandb.init(project=args.wandb_project_name, config={**asdict(args), **config}, sync_tensorboard=True,
+                            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
+        # purge_step: points after the checkpoint's step came from after the save; hide them on resume.
+        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        if not resumed:
+            table = "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **config}.items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        self.recent: deque = deque(maxlen=20)
+        self.loop_start = self.loop_end = self.last_print = time.time()
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        self.writer.close()
+        if self.wandb is not None:
+            failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
+            self.wandb.finish(exit_code=1 if failed else 0)
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        self.scalars(step, {"charts/episodic_return": episodic_return, "charts/episodic_length": length})
+        self.recent.append(float(episodic_return))
+
+    def sps(self, step: int) -> float:
+        self.loop_end = time.time()
+        return (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9)
+
+    def progress(self, step: int, total_steps: int) -> None:
+        if time.time() - self.last_print < 5:
+            return
+        self.last_print = time.time()
+        sps = self.sps(step)
+        ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+        eta = (total_steps - step) / max(sps, 1e-9)
+        print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
+
+    def check_finite(self, value: torch.Tensor, step: int) -> None:
+        if not torch.isfinite(value).all():
+            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try a lower --learning-rate")
+
+    def interrupted(self, step: int) -> None:
+        print(f"interrupted: checkpoint saved at step {step:,} to {self.checkpoint}; continue with --resume {self.checkpoint}", flush=True)
+
+    def summary(self, step: int, returns: list[float], **extra) -> None:
+        """summary.json, written only by a finished run (its presence means "finished")."""
+        write_json(self.run_dir / "summary.json", {
+            "script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed, "global_step": step,
+            **eval_stats(returns), "wall_time_s": time.time() - PROCESS_START,
+            "sps": (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra})
+        print(f"done: {step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {self.run_dir}", flush=True)
 
 if __name__ == "__main__":
     train(tyro.cli(Args))

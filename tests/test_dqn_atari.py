@@ -1,35 +1,42 @@
 """Tests for algos/dqn_atari.py: the frame-deduplicated replay memory against a naive one that
 stores whole stacks (fake and real env streams), life-loss flags, the TD target and schedules by
-hand, env-id mapping, eval-only's env/seed from the checkpoint, W&B always finished, tiny runs by
-subprocess (outputs, determinism, resume with the replay, copy-alone, video, SIGTERM), and every
-bad-input message."""
+hand, the forward pass leaving the caller's frames alone, env ids against ale_py's ROMs and
+Gymnasium's registry, resume equivalence on a deterministic game (weights, optimizer, replay, RNG
+and logged metrics as the uninterrupted run), the epsilon horizon kept across a resume, seeding
+(CUBLAS_WORKSPACE_CONFIG before the networks exist, same seed same run, another seed another run),
+W&B finished with the run's exit code, eval-only's env/seed from the checkpoint, signals, tiny runs
+by subprocess (outputs, copy-alone, video, SIGTERM), and every bad-input message."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
-import os
-import types
 from dataclasses import asdict
-from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, sigterm_on_call, summary
+from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
+                      sigterm_on_call, summary)
 
 spec = importlib.util.spec_from_file_location("dqn_atari", ALGOS / "dqn_atari.py")
 dqn = importlib.util.module_from_spec(spec)
 sys.modules["dqn_atari"] = dqn  # dataclasses look the module up while the file executes
 spec.loader.exec_module(dqn)
 
-TINY = ["--total-steps", "600", "--learning-starts", "200", "--buffer-size", "1000", "--max-episode-frames", "2000",
+TINY = ["--total-steps", "600", "--learning-starts", "200", "--batch-size", "8", "--buffer-size", "1000", "--max-episode-frames", "2000",
         "--eval-episodes", "1", "--checkpoint-interval", "0", "--eval-interval", "300", "--device", "cpu"]
+
+
+def load(path) -> dict:
+    return torch.load(path, weights_only=True)
 
 
 # ---------------------------------------------------------------- replay memory vs. a naive reference
@@ -149,6 +156,11 @@ def test_buffer_matches_naive_on_synthetic_stream(num_envs, capacity):
     batch = buffer.sample(256, np.random.default_rng(0))
     for x, y in zip(batch, buffer.get(sampled)):
         np.testing.assert_array_equal(x, y)
+    # a round trip through the checkpoint form keeps every transition (the envs restart afterwards)
+    restored = dqn.FrameReplayBuffer(capacity, num_envs, frame_shape=(7, 7))
+    restored.load_state_dict(buffer.state_dict())
+    assert_same(restored, naive, mapping, ids.tolist())
+    assert restored.need_start.all()
 
 
 def test_buffer_matches_naive_on_real_env_stream():
@@ -184,6 +196,7 @@ def test_buffer_matches_naive_on_real_env_stream():
     assert_same(buffer, naive, mapping, ids.tolist())
 
 
+# ---------------------------------------------------------------- math, network, env ids
 def test_td_target_and_schedule_by_hand():
     r = torch.tensor([1.0, -1.0, 0.0])
     d = torch.tensor([0.0, 1.0, 0.0])
@@ -198,20 +211,217 @@ def test_td_target_and_schedule_by_hand():
     torch.testing.assert_close(b.weight.data, expected)
 
 
-def test_checkpoint_run_dir_rule(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert dqn.checkpoint_run_dir("moved/run/checkpoints/latest.pt", None) == tmp_path / "moved" / "run"
-    assert dqn.checkpoint_run_dir("loose/latest.pt", None) == tmp_path / "loose"
-    assert dqn.checkpoint_run_dir("moved/run/checkpoints/latest.pt", "elsewhere") == Path("elsewhere")
-
-
-def test_evaluation_gives_way_to_a_stop_signal():
+def test_forward_leaves_the_callers_frames_alone():
+    """A float input (plain or already channels_last, where .contiguous() and .float() return the same
+    tensor) is not divided by 255 in place; the output is the network applied to x / 255."""
+    torch.manual_seed(0)
     net = dqn.QNetwork(4)
-    assert dqn.evaluate(net, dqn.Args(), torch.device("cpu"), 2, stop=[signal.SIGTERM]) is None
+    frames = torch.randint(0, 256, (2, 4, 84, 84)).float()
+    for x in (frames.clone(), frames.clone().contiguous(memory_format=torch.channels_last)):
+        out = net(x)
+        torch.testing.assert_close(x, frames, rtol=0, atol=0)
+        torch.testing.assert_close(out, net.net(frames / 255.0))
+    torch.testing.assert_close(net(frames.to(torch.uint8)), net.net(frames / 255.0))
+
+
+def test_every_gymnasium_atari_id_maps_to_its_rom():
+    """Gymnasium's registry (ale_py registers it) names the ROM of each id: ours must agree, including
+    ALE/Pitfall2-v5, ALE/TicTacToe3D-v5 and ALE/Atlantis2-v5, which the old pattern mangled."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+    ids = [i for i in gym.registry if "-ram" not in i and (i.startswith("ALE/") and i.endswith("-v5") or i.endswith("NoFrameskip-v4"))]
+    assert {"ALE/Pitfall2-v5", "ALE/TicTacToe3D-v5", "ALE/Atlantis2-v5", "MsPacmanNoFrameskip-v4"} <= set(ids) and len(ids) > 150
+    for env_id in ids:
+        assert dqn.atari_game(env_id) == (gym.spec(env_id).kwargs["game"], 0.25 if env_id.endswith("-v5") else 0.0), env_id
+    assert dqn.atari_game("TicTacToe3DNoFrameskip-v4") == ("tic_tac_toe_3d", 0.0)  # every ROM, registered as v4 or not
+    assert ale_py.roms.get_rom_path("tic_tac_toe_3d")
+
+
+@pytest.mark.parametrize("env_id, fragment", [
+    ("NoSuchGameNoFrameskip-v4", "no Atari ROM named 'NoSuchGame'"), ("ALE/Tictactoe3d-v5", "no Atari ROM named 'Tictactoe3d'"),
+    ("CartPole-v1", "'CartPole-v1' is not a pixel Atari id"), ("CartPole-v1", "ppg.py"), ("Pendulum-v1", "d4pg.py or naf.py"),
+    ("Breakout-ram-v4", "use ppg.py"), ("ALE/Breakout-ram-v5", "use ppg.py"), ("Nonsense", "is not a pixel Atari id"),
+])
+def test_unknown_env_ids_refused_in_one_line(env_id, fragment):
+    with pytest.raises(SystemExit) as e:
+        dqn.atari_game(env_id)
+    assert str(e.value).startswith("dqn_atari.py: error:") and "\n" not in str(e.value) and fragment in str(e.value)
+
+
+# ---------------------------------------------------------------- in process, on a deterministic game
+class FakeGames:
+    """AtariVectorEnv's interface (SameStep autoreset) on a deterministic game: every game lasts L steps,
+    a life is lost at step L // 2, frames and rewards depend only on the step within the game and the
+    action, never on the seed. So restarting the games at a game boundary, as a resume does, changes
+    nothing, and a resumed run can be compared with the uninterrupted one step for step."""
+
+    L = 20
+    frames = np.random.default_rng(0).integers(0, 256, (L + 1, 4, 84, 84), dtype=np.uint8)  # [step in game, action]
+
+    def __init__(self, args, num_envs):
+        self.n, self.single_action_space = num_envs, gym.spaces.Discrete(4)
+
+    def _start(self, e):
+        self.t[e], self.stack[e] = 0, 0
+        self.stack[e, -1] = self.frames[0, 0]
+
+    def reset(self, seed=None):
+        self.t, self.stack = np.zeros(self.n, np.int64), np.zeros((self.n, 4, 84, 84), np.uint8)
+        for e in range(self.n):
+            self._start(e)
+        return self.stack.copy(), {"lives": np.full(self.n, 3)}
+
+    def step(self, actions):
+        self.t += 1
+        self.stack = np.roll(self.stack, -1, axis=1)
+        self.stack[:, -1] = self.frames[self.t, actions]
+        reward, terminated, final = (actions == self.t % 4).astype(np.float32), self.t == self.L, self.stack.copy()
+        for e in np.flatnonzero(terminated):
+            self._start(e)
+        lives = np.where(self.t >= self.L // 2, 2, 3)
+        return self.stack.copy(), reward, terminated, np.zeros(self.n, np.bool_), {"lives": lives, "final_obs": final}
+
+    def close(self):
+        pass
+
+
+FAST = dict(learning_starts=40, batch_size=4, buffer_size=300, train_frequency=1, target_network_frequency=30,
+            eval_episodes=1, eval_interval=100, checkpoint_interval=0, device="cpu")
+
+
+@pytest.fixture
+def fake_games(monkeypatch, restore_signals):
+    monkeypatch.setattr(dqn, "make_env", FakeGames)
 
 
 @pytest.mark.slow
-def test_eval_only_takes_env_seed_and_protocol_from_checkpoint(tmp_path):
+def test_resume_is_the_uninterrupted_run(tmp_path, monkeypatch, fake_games):
+    """Cut by SIGTERM at step 140 (a game boundary) and resumed, a run ends with the same networks,
+    optimizer, replay memory and RNG as the run that never stopped, and logs the same losses, episode
+    returns and evaluations after the cut. At the cut, each restored piece holds state that the
+    continuation depends on (a target network that lags, Adam moments, a used generator, a replay
+    memory), so forgetting any of them would show."""
+    args = dict(FAST, total_steps=260)
+    dqn.train(dqn.Args(**args, run_dir=str(tmp_path / "whole")))
+    real_store = dqn.store_step
+    monkeypatch.setattr(dqn, "store_step", sigterm_on_call(140, real_store)[0])
+    dqn.train(dqn.Args(**args, run_dir=str(tmp_path / "cut")))
+    monkeypatch.setattr(dqn, "store_step", real_store)
+    path = tmp_path / "cut" / "checkpoints" / "latest.pt"
+    cut = load(path)
+    assert cut["global_step"] == 140 and cut["updates"] == 100 and not (tmp_path / "cut" / "summary.json").exists()
+    assert any(not torch.equal(cut["q_network"][k], cut["target_network"][k]) for k in cut["q_network"])
+    assert cut["optimizer"]["state"] and cut["buffer"]["valid"].any()
+    assert cut["rng"]["numpy"] != np.random.default_rng(1).bit_generator.state
+
+    dqn.train(dqn.Args(**args, resume=str(path)))
+    whole, resumed = load(tmp_path / "whole" / "checkpoints" / "latest.pt"), load(path)
+    assert resumed["global_step"] == whole["global_step"] == 260 and resumed["updates"] == whole["updates"] == 220
+    for part in ("q_network", "target_network"):
+        for key in whole[part]:
+            torch.testing.assert_close(resumed[part][key], whole[part][key], rtol=0, atol=0)
+        assert not torch.equal(resumed[part]["net.0.weight"], cut[part]["net.0.weight"])  # it trained after the cut
+    for i, state in whole["optimizer"]["state"].items():
+        for key in state:
+            torch.testing.assert_close(resumed["optimizer"]["state"][i][key], state[key], rtol=0, atol=0)
+    for key in whole["buffer"]:
+        torch.testing.assert_close(resumed["buffer"][key], whole["buffer"][key], rtol=0, atol=0)
+    assert resumed["rng"]["numpy"] == whole["rng"]["numpy"] and torch.equal(resumed["rng"]["torch"], whole["rng"]["torch"])
+    for tag in ("losses/td_loss", "losses/q_values", "charts/episodic_return", "charts/episodic_length", "eval/episodic_return"):
+        after = [(step, value) for step, value in scalars(tmp_path / "whole", tag) if step > 140]
+        assert after and scalars(tmp_path / "cut", tag) == scalars(tmp_path / "whole", tag), tag  # one curve, no repeated point
+    assert [step for step, _ in scalars(tmp_path / "cut", "eval/episodic_return")] == [100, 200, 260]
+    assert summary(tmp_path / "cut")["eval_returns"] == summary(tmp_path / "whole")["eval_returns"]
+
+
+def test_cublas_workspace_is_set_before_the_networks_exist(tmp_path, monkeypatch, fake_games):
+    """CUBLAS_WORKSPACE_CONFIG (deterministic cuBLAS, read when CUDA starts) is set before any network
+    exists, so before CUDA could be used."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+
+    class Recording(dqn.QNetwork):
+        def __init__(self, n_actions):
+            seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+            super().__init__(n_actions)
+
+    monkeypatch.setattr(dqn, "QNetwork", Recording)
+    dqn.train(dqn.Args(**FAST, total_steps=40, run_dir=str(tmp_path / "run")))
+    assert seen == [":4096:8", ":4096:8"]
+
+
+def test_wandb_finishes_with_the_exit_code(tmp_path, monkeypatch, fake_games, fake_wandb):
+    """W&B starts before the TensorBoard writer and finishes with exit code 0 after a run, 1 after a crash."""
+    dqn.train(dqn.Args(**FAST, total_steps=40, track=True, run_dir=str(tmp_path / "ok")))
+    assert fake_wandb.calls == [("init", []), ("finish", 0)]
+    assert summary(tmp_path / "ok")["global_step"] == 40
+    fake_wandb.calls.clear()
+    real_store, calls = dqn.store_step, []
+
+    def crash_at_step_30(*args):
+        calls.append(1)
+        if len(calls) == 30:
+            raise RuntimeError("emulator crashed")
+        return real_store(*args)
+
+    monkeypatch.setattr(dqn, "store_step", crash_at_step_30)
+    with pytest.raises(RuntimeError, match="emulator crashed"):
+        dqn.train(dqn.Args(**FAST, total_steps=40, track=True, run_dir=str(tmp_path / "crash")))
+    assert fake_wandb.calls == [("init", []), ("finish", 1)]
+
+
+def test_nonfinite_loss_stops_in_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, fake_games, fake_wandb):
+    """A NaN loss at the first update (step 41) stops the run in one line (W&B finished with exit code
+    1); the checkpoint of step 40 stays as it was and no summary.json is written."""
+    real_update = dqn.update
+    monkeypatch.setattr(dqn, "update", lambda *a: (lambda loss, q: (loss * float("nan"), q))(*real_update(*a)))
+    run = tmp_path / "nan"
+    with pytest.raises(SystemExit, match="non-finite loss at step 41 ") as e:
+        dqn.train(dqn.Args(**{**FAST, "checkpoint_interval": 20}, total_steps=100, track=True, run_dir=str(run)))
+    assert str(e.value).startswith("dqn_atari.py: error:") and "\n" not in str(e.value)
+    assert fake_wandb.calls == [("init", []), ("finish", 1)]
+    assert load(run / "checkpoints" / "latest.pt")["global_step"] == 40 and not (run / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_same_seed_same_run_other_seed_other_run(tmp_path, restore_signals):
+    """Three in-process runs on the real game: seeds 1, 1 and 2. The first two agree in every logged
+    number, the final weights and the evaluation; the third differs (so the agreement means something)."""
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        dqn.train(dqn.Args(seed=seed, total_steps=300, learning_starts=100, train_frequency=2, batch_size=4, buffer_size=1000,
+                           max_episode_frames=1200, eval_episodes=1, eval_interval=0, checkpoint_interval=0, device="cpu", run_dir=str(tmp_path / name)))
+    a, b, c = (load(tmp_path / name / "checkpoints" / "latest.pt") for name in "abc")
+    for tag in ("losses/td_loss", "losses/q_values", "charts/episodic_return", "charts/episodic_length", "eval/episodic_return"):
+        assert scalars(tmp_path / "a", tag) == scalars(tmp_path / "b", tag), tag
+    assert scalars(tmp_path / "a", "losses/td_loss")  # the 100th update was logged
+    assert all(torch.equal(a["q_network"][k], b["q_network"][k]) for k in a["q_network"])
+    assert torch.equal(a["buffer"]["frames"], b["buffer"]["frames"]) and torch.equal(a["buffer"]["actions"], b["buffer"]["actions"])
+    # another seed: another initialisation, other random actions and no-op starts
+    assert not torch.equal(a["q_network"]["net.0.weight"], c["q_network"]["net.0.weight"])
+    assert not torch.equal(a["buffer"]["frames"], c["buffer"]["frames"]) and not torch.equal(a["buffer"]["actions"], c["buffer"]["actions"])
+
+
+def test_signal_skips_due_evaluation_saves_and_second_signal_kills(tmp_path, monkeypatch, fake_games):
+    """SIGTERM on the step that reaches 100, where an evaluation is due: no evaluation, a checkpoint
+    at step 100, no summary.json, and both handlers back to the default so a second signal kills."""
+    real_eval, evals = dqn.evaluate, []
+    stepping, steps = sigterm_on_call(100, dqn.store_step)
+    monkeypatch.setattr(dqn, "store_step", stepping)
+    monkeypatch.setattr(dqn, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
+    run = tmp_path / "run"
+    dqn.train(dqn.Args(**{**FAST, "learning_starts": 1000}, total_steps=1000, run_dir=str(run)))
+    assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
+    assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_evaluation_gives_way_to_a_stop_signal(fake_games):
+    assert dqn.evaluate(dqn.QNetwork(4), dqn.Args(), torch.device("cpu"), 2, stop=[signal.SIGTERM]) is None
+
+
+@pytest.mark.slow
+def test_eval_only_takes_env_seed_and_protocol_from_checkpoint(tmp_path, restore_signals):
     """A Pong checkpoint of a seed-7 run, evaluated without --env-id or --seed: the run's own evaluation."""
     torch.manual_seed(0)
     net = dqn.QNetwork(6)
@@ -225,40 +435,7 @@ def test_eval_only_takes_env_seed_and_protocol_from_checkpoint(tmp_path):
     assert result["eval_returns"] == dqn.evaluate(net, run_args, torch.device("cpu"), 2)
 
 
-@pytest.mark.slow
-def test_track_inits_wandb_before_tensorboard_and_always_finishes(tmp_path, monkeypatch):
-    calls = []
-    fake = types.SimpleNamespace(init=lambda **kw: calls.append(("init", sorted(p.name for p in Path(kw["dir"]).iterdir()))),
-                                 finish=lambda: calls.append(("finish",)))
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        tiny = dict(total_steps=64, learning_starts=32, buffer_size=64, max_episode_frames=200, eval_episodes=1, eval_interval=0,
-                    checkpoint_interval=0, device="cpu", track=True)
-        dqn.train(dqn.Args(**tiny, run_dir=str(tmp_path / "ok")))
-        assert calls == [("init", ["checkpoints"]), ("finish",)]  # no event file yet at init
-        assert json.loads((tmp_path / "ok" / "summary.json").read_text())["global_step"] == 64
-        calls.clear()
-
-        def broken(*args):
-            raise dqn.fail("emulator failed")
-        monkeypatch.setattr(dqn, "make_env", broken)
-        with pytest.raises(SystemExit, match="emulator failed"):
-            dqn.train(dqn.Args(**tiny, run_dir=str(tmp_path / "error")))
-        assert [c[0] for c in calls] == ["init", "finish"]
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-
-
-def test_env_ids_map_to_games():
-    assert dqn.atari_game("BreakoutNoFrameskip-v4") == ("breakout", 0.0)
-    assert dqn.atari_game("ALE/Breakout-v5") == ("breakout", 0.25)
-    assert dqn.atari_game("MsPacmanNoFrameskip-v4") == ("ms_pacman", 0.0)
-    assert dqn.atari_game("ALE/BeamRider-v5") == ("beam_rider", 0.25)
-
-
-# ---------------------------------------------------------------- end to end
+# ---------------------------------------------------------------- end to end on the real game
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("dqn") / "run"
@@ -273,40 +450,36 @@ def test_tiny_run_outputs(base_run):
         assert key in s
     assert s["global_step"] == 600 and s["eval_episodes"] == 1 and s["script"] == "dqn_atari.py" and "interrupted" not in s
     assert s["wall_time_s"] > 600 / s["sps"]  # the whole process vs. the training loop alone
-    assert (base_run / "config.json").exists()
+    assert json.loads((base_run / "config.json").read_text())["exploration_steps"] == pytest.approx(60)  # 0.1 x 600
     for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate", "losses/td_loss", "eval/episodic_return"):
         assert scalars(base_run, tag), tag
     assert [step for step, _ in scalars(base_run, "eval/episodic_return")] == [300, 600]
     for tag in ("charts/SPS", "charts/learning_rate", "charts/epsilon"):  # every 1000 steps and at the end
         assert [step for step, _ in scalars(base_run, tag)] == [600], tag
-    ckpt = torch.load(base_run / "checkpoints" / "latest.pt", weights_only=True)
+    ckpt = load(base_run / "checkpoints" / "latest.pt")
     assert ckpt["algo"] == "dqn_atari" and ckpt["global_step"] == 600 and ckpt["updates"] == (600 - 200) // 4
-    assert "cuda" in ckpt["rng"]  # the CUDA generators, [] without CUDA
+    assert set(ckpt["rng"]) == {"torch", "numpy"}  # exactly the generators the run draws from (CUDA's too on a GPU)
+    assert ckpt["exploration_steps"] == pytest.approx(60) and ckpt["n_actions"] == 4
     assert ckpt["buffer"]["frames"].dtype == torch.uint8 and ckpt["buffer"]["frames"].shape[1:] == (1, 84, 84)
 
 
 @pytest.mark.slow
-def test_same_seed_same_metrics(base_run, tmp_path):
-    check_ok(run_script("dqn_atari.py", *TINY, "--seed", "3", "--run-dir", str(tmp_path / "again")))
-    for tag in ("losses/td_loss", "losses/q_values", "charts/episodic_return"):
-        assert scalars(base_run, tag) == scalars(tmp_path / "again", tag), tag
-    assert summary(base_run)["eval_returns"] == summary(tmp_path / "again")["eval_returns"]
-
-
-@pytest.mark.slow
-def test_resume_continues_steps_curve_and_replay(base_run, tmp_path):
-    run_dir = tmp_path / "moved"
+def test_resume_with_more_steps_keeps_epsilon_horizon_and_replay(base_run, restore_signals, monkeypatch):
+    """A 600-step run (epsilon reaches 0.01 at step 60) extended to 100,000 steps: at step 1000 epsilon
+    is still 0.01, not the 0.9 of a horizon recomputed from the new total. Resumed from a moved copy,
+    the run writes there, and the replay memory comes back intact. (Learning is kept past the end so
+    that the check costs no gradient steps.)"""
+    run_dir = base_run.parent / "extended"
     shutil.copytree(base_run, run_dir)
-    before = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    args = [a if a != "600" else "1000" for a in TINY]
-    check_ok(run_script("dqn_atari.py", *args, "--seed", "3", "--resume", str(run_dir / "checkpoints" / "latest.pt")))
-    assert summary(run_dir)["global_step"] == 1000
-    steps = [step for step, _ in scalars(run_dir, "losses/td_loss")]
-    assert steps == sorted(set(steps)) and steps[0] <= 600 < steps[-1]  # one curve, no duplicated points
-    assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [300, 600, 900, 1000]
-    assert [step for step, _ in scalars(run_dir, "charts/SPS")] == [600, 1000]
-    after = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    assert after["updates"] == (1000 - 200) // 4
+    path = run_dir / "checkpoints" / "latest.pt"
+    before = load(path)
+    monkeypatch.setattr(dqn, "store_step", sigterm_on_call(400, dqn.store_step)[0])
+    dqn.train(dqn.Args(total_steps=100_000, learning_starts=100_000, batch_size=8, buffer_size=1000, max_episode_frames=2000,
+                       eval_episodes=1, checkpoint_interval=0, eval_interval=300, device="cpu", seed=3, resume=str(path)))
+    assert scalars(run_dir, "charts/epsilon") == [(600, pytest.approx(0.01)), (1000, pytest.approx(0.01))]
+    assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [300, 600, 900]
+    after = load(path)
+    assert after["global_step"] == 1000 and after["exploration_steps"] == pytest.approx(60)
     head = int(before["buffer"]["head"][0])
     wrapped = max(0, int(after["buffer"]["written"][0]) - 1000)  # slots the resumed run overwrote since
     assert wrapped < head - 400
@@ -343,6 +516,11 @@ def test_eval_only_with_video(base_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_eval_only_of_a_moved_run_writes_beside_it(base_run, restore_signals):
+    check_eval_only_after_move(base_run, lambda ckpt: dqn.train(dqn.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1, device="cpu")), seed=3)
+
+
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(ALGOS / "dqn_atari.py"), *TINY[:1], "100000", *TINY[2:], "--run-dir", str(run_dir)],
@@ -353,8 +531,8 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    assert 0 < ckpt["global_step"] < 100000 and not (run_dir / "summary.json").exists()
+    assert "interrupted: checkpoint saved" in out
+    assert 0 < load(run_dir / "checkpoints" / "latest.pt")["global_step"] < 100000 and not (run_dir / "summary.json").exists()
 
 
 # ---------------------------------------------------------------- bad input
@@ -362,75 +540,84 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 def bad_checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
     (d / "corrupt.pt").write_bytes(b"not a checkpoint")
-    torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4"}, d / "other.pt")
+    torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 10}, d / "other.pt")
 
     def fake(env_id="BreakoutNoFrameskip-v4", num_envs=1, buffer_size=1_000_000, **keys):  # every key present, dummy values
         return {"algo": "dqn_atari", "env_id": env_id, "args": {"num_envs": num_envs, "buffer_size": buffer_size}, "global_step": 10,
-                **{k: 0 for k in ("n_actions", "q_network", "target_network", "optimizer", "buffer", "rng", "updates")}, **keys}
+                **{k: 0 for k in dqn.RESUME_KEYS}, **keys}
     torch.save(fake(env_id="ALE/Pong-v5"), d / "pong.pt")
     torch.save(fake(num_envs=8), d / "eight.pt")
     torch.save(fake(), d / "at10.pt")
     incomplete = fake()
-    del incomplete["q_network"]
+    del incomplete["q_network"], incomplete["exploration_steps"]
     torch.save(incomplete, d / "incomplete.pt")
     return d
 
 
 BAD = [
-    (["--env-id", "CartPole-v1"], ["CartPole-v1", "ppg.py"]),
-    (["--env-id", "Pendulum-v1"], ["d4pg.py"]),
-    (["--env-id", "Breakout-ram-v4"], ["ppg.py"]),
-    (["--env-id", "NoSuchGameNoFrameskip-v4"], ["no Atari ROM"]),
-    (["--total-steps", "0"], ["--total-steps"]),
-    (["--buffer-size", "10"], ["--buffer-size"]),
-    (["--learning-starts", "8"], ["--learning-starts"]),
-    (["--gamma", "1.5"], ["--gamma"]),
-    (["--eval-epsilon", "-0.1"], ["--eval-epsilon"]),
-    (["--tau", "0"], ["--tau must be in (0, 1], got 0.0"]),
-    (["--exploration-fraction", "1.5"], ["--exploration-fraction must be in (0, 1], got 1.5"]),
-    (["--learning-rate", "0"], ["--learning-rate must be > 0, got 0.0"]),
-    (["--eval-only"], ["--checkpoint"]),
-    (["--eval-only", "--checkpoint", "{d}/missing.pt"], ["does not exist"]),
-    (["--resume", "{d}/corrupt.pt"], ["corrupt"]),
-    (["--resume", "{d}/other.pt"], ["ppo_atari"]),
-    (["--resume", "{d}/pong.pt"], ["ALE/Pong-v5"]),
-    (["--resume", "{d}/eight.pt"], ["--num-envs 8"]),
-    (["--resume", "{d}/eight.pt", "--num-envs", "8", "--buffer-size", "1000"], ["--buffer-size 1000000"]),
-    (["--eval-only", "--checkpoint", "{d}/incomplete.pt"], ["incomplete", "q_network"]),
-    (["--eval-only", "--checkpoint", "{d}/at10.pt", "--eval-episodes", "0"], ["--eval-episodes"]),
-    (["--resume", "{d}/at10.pt", "--total-steps", "5"], ["below the checkpoint's step 10"]),
+    ({"env_id": "CartPole-v1"}, "'CartPole-v1' is not a pixel Atari id (<Game>NoFrameskip-v4 or ALE/<Game>-v5); it has vector observations: use ppg.py"),
+    ({"env_id": "Pendulum-v1"}, "its actions are continuous: use d4pg.py or naf.py"),
+    ({"env_id": "NoSuchGameNoFrameskip-v4"}, "no Atari ROM named 'NoSuchGame'"),
+    ({"total_steps": 0}, "--total-steps must be positive, got 0"),
+    ({"eval_episodes": 0}, "--eval-episodes must be at least 1, got 0"),
+    ({"eval_interval": -1}, "--eval-interval and --checkpoint-interval must be >= 0"),
+    ({"num_envs": 0}, "--num-envs must be >= 1, got 0"),
+    ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
+    ({"target_network_frequency": 0}, "--target-network-frequency must be >= 1, got 0"),
+    ({"train_frequency": 0}, "--train-frequency must be >= 1, got 0"),
+    ({"max_episode_frames": 0}, "--max-episode-frames must be >= 1, got 0"),
+    ({"buffer_size": 10}, "--buffer-size 10 leaves under 16 slots per env; use at least 16"),
+    ({"buffer_size": 40, "num_envs": 4}, "--buffer-size 40 leaves under 16 slots per env; use at least 64"),
+    ({"learning_starts": 8}, "--learning-starts 8 is below --batch-size 32; raise it"),
+    ({"learning_starts": -1}, "--learning-starts must be >= 0, got -1"),
+    ({"gamma": 1.5}, "--gamma must be in [0, 1], got 1.5"),
+    ({"start_e": -0.5}, "--start-e must be in [0, 1], got -0.5"),
+    ({"end_e": 2.0}, "--end-e must be in [0, 1], got 2.0"),
+    ({"eval_epsilon": -0.1}, "--eval-epsilon must be in [0, 1], got -0.1"),
+    ({"tau": 0.0}, "--tau must be in (0, 1], got 0.0"),
+    ({"exploration_fraction": 1.5}, "--exploration-fraction must be in (0, 1], got 1.5"),
+    ({"exploration_fraction": 0.0}, "--exploration-fraction must be in (0, 1], got 0.0"),
+    ({"learning_rate": 0.0}, "--learning-rate must be > 0, got 0.0"),
+    ({"eval_only": True}, "--eval-only needs --checkpoint PATH"),
+    ({"eval_only": True, "checkpoint": "{d}/at10.pt", "resume": "{d}/at10.pt"}, "cannot --resume"),
+    ({"eval_only": True, "checkpoint": "{d}/missing.pt"}, "does not exist"),
+    ({"resume": "{d}/corrupt.pt"}, "it is corrupt or not a checkpoint"),
+    ({"resume": "{d}/other.pt"}, "was written by ppo_atari.py, not dqn_atari.py; use ppo_atari.py"),
+    ({"resume": "{d}/pong.pt"}, "is for ALE/Pong-v5, not BreakoutNoFrameskip-v4; pass --env-id ALE/Pong-v5"),
+    ({"resume": "{d}/eight.pt"}, "was made with --num-envs 8, not 1; pass --num-envs 8"),
+    ({"resume": "{d}/eight.pt", "num_envs": 8, "buffer_size": 1000}, "was made with --buffer-size 1000000, not 1000"),
+    ({"resume": "{d}/incomplete.pt"}, "is incomplete (no q_network, exploration_steps)"),
+    ({"eval_only": True, "checkpoint": "{d}/incomplete.pt"}, "is incomplete (no q_network)"),
+    ({"resume": "{d}/at10.pt", "total_steps": 5}, "--total-steps 5 is below the checkpoint's step 10"),
 ]
 
 
-@pytest.mark.parametrize("args,fragments", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_one_line(args, fragments, bad_checkpoints, tmp_path):
-    args = [a.format(d=bad_checkpoints) for a in args]
-    check_error(run_script("dqn_atari.py", *args, "--run-dir", str(tmp_path / "r")), *fragments)
+@pytest.mark.parametrize("flags, message", BAD, ids=[" ".join(f"{k}={v}" for k, v in f.items()) for f, _ in BAD])
+def test_bad_input_one_line(flags, message, bad_checkpoints, tmp_path, restore_signals):
+    flags = {k: v.format(d=bad_checkpoints) if isinstance(v, str) else v for k, v in flags.items()}
+    with pytest.raises(SystemExit) as e:
+        dqn.train(dqn.Args(**flags, device="cpu", run_dir=str(tmp_path / "r")))
+    text = str(e.value)
+    assert text.startswith("dqn_atari.py: error:") and "\n" not in text and message in text, text
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_bad_input_on_the_command_line(tmp_path):
+    """The same checks through the CLI: the last stderr line, no traceback, nothing written."""
+    check_error(run_script("dqn_atari.py", "--env-id", "ALE/NoSuchGame-v5", "--run-dir", str(tmp_path / "a")), "dqn_atari.py: error", "no Atari ROM")
+    check_error(run_script("dqn_atari.py", "--tau", "0", "--run-dir", str(tmp_path / "b")), "--tau must be in (0, 1]")
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_without_cuda_is_one_line():
-    check_error(run_script("dqn_atari.py", "--device", "cuda"), "CUDA")
+    with pytest.raises(SystemExit, match="--device cuda but CUDA is not available"):
+        dqn.train(dqn.Args(device="cuda"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="checks the message without wandb")
-def test_track_without_wandb_is_one_line_and_writes_nothing(tmp_path):
-    check_error(run_script("dqn_atari.py", "--track", *TINY, "--run-dir", str(tmp_path / "r")), "wandb")
+def test_track_without_wandb_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails, installed or not
+    with pytest.raises(SystemExit, match="--track needs wandb"):
+        dqn.train(dqn.Args(track=True, run_dir=str(tmp_path / "r")))
     assert not (tmp_path / "r").exists()
-
-
-@pytest.mark.slow
-def test_signal_skips_due_evaluation_saves_and_second_signal_kills(tmp_path, monkeypatch, restore_signals):
-    """SIGTERM on the step that reaches 100, where an evaluation is due: no evaluation, a checkpoint
-    at step 100, no summary.json, and both handlers back to the default so a second signal kills."""
-    real_eval, evals = dqn.evaluate, []
-    stepping, steps = sigterm_on_call(100, dqn.store_step)
-    monkeypatch.setattr(dqn, "store_step", stepping)
-    monkeypatch.setattr(dqn, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
-    run = tmp_path / "run"
-    dqn.train(dqn.Args(total_steps=1000, learning_starts=50, buffer_size=1000, max_episode_frames=2000,
-                       eval_episodes=1, eval_interval=100, run_dir=str(run), device="cpu"))
-    assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
-    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 100
-    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
