@@ -639,6 +639,30 @@ def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
     assert "3/5 done (1 failed" in progress.line()
 
 
+# --- what a Ray job carries (the cluster itself: test_benchmark_ray.py) -------------------
+
+@pytest.mark.parametrize("flags, pip", [([], None), (["--ray-address", "auto"], ["numpy==2.4.6"]),
+                                        (["--ray-address", "auto", "--ray-requirements", "none"], None),
+                                        (["--ray-requirements", "req.txt"], ["tomli>=1"])])
+def test_the_ray_job_carries_code_and_requirements(tmp_path: Path, zoo, monkeypatch, flags: list[str], pip):
+    ray = pytest.importorskip("ray")
+    args = zoo(preset_toml("a"))
+    (tmp_path / "requirements.lock").write_text("# pinned\nnumpy==2.4.6\n")
+    (tmp_path / "req.txt").write_text("tomli>=1\n\n")
+    seen = {}
+
+    def init(**kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt  # stop there, as Ctrl-C would
+
+    monkeypatch.setattr(ray, "init", init)
+    assert main(["smoke", *args, "--backend", "ray", "--name", "r", *flags]) == 130
+    env = seen["runtime_env"]
+    assert env["working_dir"] == str(tmp_path / "algos") and env["py_modules"] == [str(ROOT / "benchmark")]
+    assert env.get("pip") == pip
+    assert seen["address"] == ("auto" if "--ray-address" in flags else None)
+
+
 # --- the real zoo -------------------------------------------------------------------------
 
 @pytest.mark.slow
