@@ -11,8 +11,8 @@ Idea: in an actor-learner system, actors act with a copy of the policy while the
 rollout comes from a slightly stale behaviour policy mu, not from the learner's policy pi: the *policy lag*.
 V-trace corrects the value targets and advantages with truncated importance weights pi/mu, and PPO's
 clipped surrogate, with its ratio taken against mu, keeps each update close to the policy that acted.
-With no lag (mu = pi, the synchronous mode) V-trace's targets are ordinary bootstrapped returns and APPO
-is PPO.
+With no lag (mu = pi, the synchronous mode) the weights are 1, V-trace's targets are lambda-returns, and
+APPO is PPO whose advantage looks one step into them: r_s + gamma v_{s+1} - V(x_s).
 
 Equations (rollout x_0..x_T of one env; ratio_s = pi(a_s|x_s) / mu(a_s|x_s); r_s the reward):
     rho_s = min(rho_bar, ratio_s),   c_s = lambda min(c_bar, ratio_s)
@@ -22,7 +22,7 @@ Equations (rollout x_0..x_T of one env; ratio_s = pi(a_s|x_s) / mu(a_s|x_s); r_s
     L = -E[min(ratio_s A_s, clip(ratio_s, 1 - eps, 1 + eps) A_s)] + c_v E[(V(x_s) - v_s)^2] / 2 - c_ent E[H(pi)]
 An episode end at s cuts the trace: termination sets V(x_{s+1}) = v_{s+1} = 0; a time-limit truncation
 sets v_{s+1} = V(x_{s+1}) of the real final observation. lambda = 1 is the paper's V-trace; lambda < 1 is
-Retrace's trace cutting (Munos et al. 2016), as the paper's remark on lambda allows.
+the variant of its Section 4.1 with Retrace's lambda: on-policy, v_s is then GAE(lambda)'s return.
 
 Implementation details:
 1. Synchronous mode (the default, --num-actors 0): the learner's vector env collects num_envs x num_steps
@@ -157,7 +157,7 @@ class Args:
     gamma: float = 0.99
     """discount factor"""
     lam: float = 0.95
-    """lambda: the trace cutting of V-trace's c_s, and GAE's lambda with --no-vtrace"""
+    """lambda of V-trace's c_s (paper Section 4.1), and GAE's lambda with --no-vtrace"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     anneal_lr: bool = True
@@ -407,14 +407,12 @@ class LocalSource:
         return {"env": env_state(c.envs), "next_obs": c.next_obs, "autoreset": c.autoreset,
                 "ep_return": self.ep_return, "ep_length": self.ep_length}
 
-    def load_state(self, state: dict) -> bool:
+    def load_state(self, state: dict) -> None:
         """Continue the checkpoint's episodes where the env state can be restored (native vector envs)."""
-        if not (state.get("env") and env_state(self.collector.envs)):
-            return False
-        set_env_state(self.collector.envs, state["env"])
-        self.collector.next_obs, self.collector.autoreset = state["next_obs"], state["autoreset"]
-        self.ep_return, self.ep_length = state["ep_return"], state["ep_length"]
-        return True
+        if state.get("env") and env_state(self.collector.envs):
+            set_env_state(self.collector.envs, state["env"])
+            self.collector.next_obs, self.collector.autoreset = state["next_obs"], state["autoreset"]
+            self.ep_return, self.ep_length = state["ep_return"], state["ep_length"]
 
 
 # ---------------------------------------------------------------- actor processes

@@ -2,7 +2,8 @@
 truncations, clipped ratios), its on-policy reduction to bootstrapped returns, GAE, the clipped loss
 by hand, the rollout's NEXT_STEP handling and truncation bootstrap on a counting env, the seqlock,
 resume equivalence and determinism in synchronous mode, the actor processes (a tiny job with lag and
-dropped rollouts, a killed actor, SIGTERM and Ctrl-C, no process left behind), and bad input."""
+dropped rollouts, actors ignoring SIGINT/SIGTERM, a killed actor, an actor's error, SIGTERM to the
+learner; no process left behind in any case), and bad input."""
 
 from __future__ import annotations
 
@@ -306,9 +307,9 @@ def test_copy_alone_runs(tmp_path):
 
 
 # ---------------------------------------------------------------- actor processes
-def start(*args, **popen):
+def start(*args, env=None):
     return subprocess.Popen([sys.executable, str(ALGOS / "appo.py"), *CLI_SMALL, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, **popen)
+                            stderr=subprocess.PIPE, text=True, env=env or {**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def watch(proc, until=lambda: False, timeout=120) -> set[int]:
@@ -364,11 +365,17 @@ def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path):
 
 @pytest.mark.slow
 def test_killed_actor_stops_the_learner_within_seconds(tmp_path):
+    """SIGINT and SIGTERM to an actor change nothing (a Ctrl-C reaches the whole process group; the learner
+    decides); SIGKILL to the other stops the learner with one line naming it."""
     run_dir = tmp_path / "run"
     proc = start("--num-actors", "2", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir))
     children = watch(proc, until=lambda: (run_dir / "checkpoints" / "latest.pt").exists())
     assert proc.poll() is None, proc.communicate()[1]
-    victim = actors_of(proc)[1]
+    survivor, victim = actors_of(proc)
+    os.kill(survivor, signal.SIGINT)
+    os.kill(survivor, signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None and survivor in actors_of(proc)
     os.kill(victim, signal.SIGKILL)
     t0 = time.time()
     children |= watch(proc, timeout=30)
@@ -380,18 +387,46 @@ def test_killed_actor_stops_the_learner_within_seconds(tmp_path):
     check_none_left(children)
 
 
+FAULTY_ENV = """
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class Faulty(CartPoleEnv):
+    steps = 0
+
+    def step(self, action):
+        Faulty.steps += 1
+        if Faulty.steps > 300:  # in the actor's process: the learner only makes and closes one
+            raise RuntimeError("the simulator crashed\\nwith a second line")
+        return super().step(action)
+
+
+gym.register("Faulty-v0", entry_point=Faulty, max_episode_steps=500)
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("to_group, sig", [(False, signal.SIGTERM), (True, signal.SIGINT)])
-def test_signal_during_async_run_checkpoints_and_leaves_nothing(tmp_path, to_group, sig):
-    """SIGTERM to the learner (a scheduler), or SIGINT to the whole process group (Ctrl-C in a terminal:
-    the actors ignore it), checkpoint and exit 0 with every actor stopped."""
+def test_actor_error_stops_the_learner_with_its_message(tmp_path):
+    (tmp_path / "faulty_env.py").write_text(FAULTY_ENV)
+    proc = start("--num-actors", "1", "--env-id", "faulty_env:Faulty-v0", "--total-steps", "10000000", "--run-dir",
+                 str(tmp_path / "run"), env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)})
+    children = watch(proc)
+    _, err = proc.communicate(timeout=30)
+    check_error(subprocess.CompletedProcess([], proc.returncode, "", err),
+                "appo.py: error: actor 0 failed: RuntimeError: the simulator crashed")
+    assert "second line" not in err
+    check_none_left(children)
+
+
+@pytest.mark.slow
+def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path):
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / "latest.pt"
-    proc = start("--num-actors", "1", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir),
-                 start_new_session=True)
+    proc = start("--num-actors", "1", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir))
     children = watch(proc, until=ckpt.exists)
     assert proc.poll() is None, proc.communicate()[1]
-    os.killpg(proc.pid, sig) if to_group else proc.send_signal(sig)
+    proc.send_signal(signal.SIGTERM)
     children |= watch(proc, timeout=60)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
