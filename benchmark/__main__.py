@@ -39,7 +39,8 @@ class Sweep(Common):
     name: str | None = None
     """The sweep's name (default: <subcommand>-<date>-<time>); the same name resumes a sweep,
     skipping the runs that finished and continuing each unfinished run from its
-    checkpoints/latest.pt with --resume (local backend only; without one it starts afresh)."""
+    checkpoints/latest.pt with --resume (with Ray: from its copy in --storage; without one it starts
+    afresh)."""
     preset: tuple[str, ...] = ()
     """Only these presets (names or shell patterns such as 'naf-*')."""
     algo: tuple[str, ...] = ()

@@ -300,6 +300,8 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
                               if line.strip() and not line.lstrip().startswith("#")]
     ray.init(address=address, num_cpus=None if address else local_cpus, include_dashboard=False,
              log_to_driver=False, runtime_env=runtime_env)
+    if storage and "://" not in storage:
+        storage = str(Path(storage).resolve())  # the workers run in their own folders
     code = provenance.code_version(repo)
     events = Queue(actor_options={"num_cpus": 0})
     pending: dict[Any, Job] = {}

@@ -1,5 +1,5 @@
 """The live progress display: which runs are running (and where, and how far), and an ETA for
-the sweep; a rich status block on a terminal, plain lines in CI logs.
+the sweep; a status block redrawn in place on a terminal, plain lines every `interval_s` in CI logs.
 
 The ETA: a running run's time left is its elapsed time scaled by the steps it has left (from the
 progress line the algorithm prints), or, before its first progress line, the expected duration
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
 from .runner import Job
+
+TTY_REFRESH_S = 1.0
 
 
 def _duration(seconds: float) -> str:
@@ -58,7 +60,8 @@ class Progress:
         self.start = clock()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.live: Any = None
+        self.output = threading.Lock()
+        self.tty, self.drawn = self.stream.isatty(), 0  # on a terminal: the status block is redrawn in place
 
     def _expected(self, job: Job) -> float | None:
         """Expected duration of a run of `job`'s preset (see the module docstring)."""
@@ -128,30 +131,40 @@ class Progress:
         self._print(describe(record))
 
     def _print(self, text: str) -> None:
-        if self.live is not None:
-            self.live.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=self.stream, flush=True)
+        """A line above the status block (on a terminal, the block is erased and drawn again below it)."""
+        with self.output:
+            self.stream.write(self._erase() + text + "\n")
+            if self.tty:
+                self._draw()
+            self.stream.flush()
+
+    def _erase(self) -> str:
+        erase = f"\x1b[{self.drawn}F\x1b[J" if self.drawn else ""  # up to the block's first line, clear below
+        self.drawn = 0
+        return erase
+
+    def _draw(self) -> None:
+        text = self.line()
+        self.stream.write(text + "\n")
+        self.drawn = text.count("\n") + 1
 
     def _tick(self) -> None:
-        while not self.stopped.wait(self.interval_s):
-            self._print(self.line())
+        while not self.stopped.wait(TTY_REFRESH_S if self.tty else self.interval_s):
+            if self.tty:
+                with self.output:
+                    self.stream.write(self._erase())
+                    self._draw()
+                    self.stream.flush()
+            else:
+                self._print(self.line())
 
     def __enter__(self) -> Progress:
-        if self.stream.isatty():
-            from rich.console import Console
-            from rich.live import Live
-            from rich.text import Text
-
-            self.live = Live(get_renderable=lambda: Text(self.line()), console=Console(file=self.stream),
-                             refresh_per_second=2, transient=True)
-            self.live.start()
-        else:
-            threading.Thread(target=self._tick, daemon=True).start()
+        threading.Thread(target=self._tick, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopped.set()
-        if self.live is not None:
-            self.live.stop()
+        with self.output:
+            self.stream.write(self._erase())
+        self.tty = False
         self._print(self.line())

@@ -399,7 +399,7 @@ def report_sweep(sweep: dict[str, Any], out_dir: Path, with_plots: bool) -> dict
             plot_group(group, results, records, out_dir / "plots" / f"group-{group}.png")
     write_json(out_dir / "results.json", results)
     write_json(out_dir / CURVES_NAME, {f"{r['preset']}/seed{r['seed']}": r["curves"] for r in records}, indent=None)
-    write_json(out_dir / MANIFEST_NAME, {name: sweep["manifest"][name] for name in results["presets"]})
+    write_json(out_dir / MANIFEST_NAME, sweep["manifest"])
     write_atomic(out_dir / "report.md", render_report(results, out_dir if with_plots else None))
     return results
 

@@ -5,6 +5,7 @@ The statistics are in test_benchmark_stats.py, the Ray cluster in test_benchmark
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import pytest
 from conftest import ROOT, check_error
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
+from benchmark import progress as progress_module
 from benchmark import provenance
 from benchmark.__main__ import main
 from benchmark.backends import Machine
@@ -639,6 +641,29 @@ def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
     assert "3/5 done (1 failed" in progress.line()
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_redraws_its_block_in_place(tmp_path: Path, zoo, monkeypatch):
+    zoo(preset_toml("a", seeds=2))
+    jobs = plan_jobs(list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values()), "full", tmp_path / "runs")
+    monkeypatch.setattr(progress_module, "TTY_REFRESH_S", 0.05)
+    terminal = Terminal()
+    with Progress(jobs, skipped=0, slots=1, stream=terminal) as progress:
+        progress.started(jobs[0], "local")
+        time.sleep(0.3)
+        progress.finished({"preset": "a", "seed": 1, "status": "ok", "wall_time_s": 3.0, "summary": {"eval_mean": 1.0}})
+        time.sleep(0.2)
+    text = terminal.getvalue()
+    # Each redraw moves up over the two-line block (head and running runs) and clears it.
+    assert "\x1b[2F\x1b[J" in text and "a/seed1 starting [local]" in text
+    # The finished run's line stays; the block ends as one final plain line.
+    assert text.count("ok     a seed1: eval 1.0, 3 s\n") == 1
+    assert text.endswith("\x1b[J1/2 done (0 failed, 0 from before) | 0 running, 1 queued | elapsed 0m00s | eta 0m03s\n")
+
+
 # --- what a Ray job carries (the cluster itself: test_benchmark_ray.py) -------------------
 
 @pytest.mark.parametrize("flags, pip", [([], None), (["--ray-address", "auto"], ["numpy==2.4.6"]),
@@ -687,9 +712,9 @@ def test_dqn_memory_measures_the_buffer_over_the_baseline():
     assert "1000 batches of 32 sampled" in proc.stdout
 
 
-def test_dqn_memory_bad_input(tmp_path: Path):
+def test_dqn_memory_bad_input(tmp_path: Path, capsys):
     for args, fragment in ((["--capacity", "0"], "--capacity must be positive, got 0"),
                            (["--script", str(tmp_path / "none.py")], "cannot import")):
-        proc = subprocess.run([sys.executable, "-m", "benchmark", "dqn-memory", *args], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT)
-        check_error(proc, "benchmark: error:", fragment)
+        assert main(["dqn-memory", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1, err
