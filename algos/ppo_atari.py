@@ -42,8 +42,8 @@ Implementation details:
  6. Adam eps 1e-5, lr 2.5e-4 annealed linearly, lr = 2.5e-4 (1 - step / H), 4 epochs of 4
     minibatches, advantages normalised per minibatch, clipped value loss, global grad-norm 0.5,
     optional early stop of the epochs when the approximate KL exceeds `--target-kl`. The anneal
-    horizon H is the run's own: `--schedule-steps`, by default the first run's steps, kept in the
-    checkpoint. A resume (after preemption) continues the same schedule, whatever --total-steps
+    horizon H is the run's own: `--schedule-steps`, by default the steps the first run planned
+    (--total-steps rounded down to whole rollouts), kept in the checkpoint. A resume (after preemption) continues the same schedule, whatever --total-steps
     says. Extending an annealed run past H is refused rather than guessed: holding the final
     rate would train at lr 0 (wasted compute), and stretching H to the new total would make the
     rate jump up (the old behaviour). Pass --schedule-steps (re-plans lr from the resume on) or
@@ -51,9 +51,9 @@ Implementation details:
  7. Speed: channels_last convolutions, fused Adam, `torch.inference_mode()` for acting,
     preallocated uint8 rollout storage, V(final_obs) computed only for truncated envs.
  8. Evaluation: the sampled policy, as the literature's PPO scores are measured (a greedy
-    Breakout agent may never press FIRE and run to the frame limit), drawn with evaluation's own
-    generator seeded like the envs (seed + 10_000 + i for game i), so evaluating never moves the
-    training generators and `--eval-only` repeats the run's own final evaluation (it takes the
+    Breakout agent may never press FIRE and run to the frame limit), drawn from evaluation's own
+    generator (seeded seed + 10_000; game i is seeded seed + 10_000 + i), so evaluating never moves
+    the training generators and `--eval-only` repeats the run's own final evaluation (it takes the
     env, seed, frame limit and frame stack from the checkpoint). Full games, same sticky-action
     protocol; `eval/capped_games` (and `eval_capped_games` in summary.json and eval.json)
     counts games cut by the frame limit. `--capture-video` records one extra game of the same
@@ -109,7 +109,7 @@ class Args:
     seed: int = 1
     """seed of torch and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
-    """agent steps summed over environments (each is 4 frames); a resume keeps the run's lr schedule (--schedule-steps)"""
+    """agent steps summed over environments (each is 4 frames); a resume keeps the checkpoint's lr anneal (see --schedule-steps)"""
     torch_deterministic: bool = True
     """torch.use_deterministic_algorithms"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -151,7 +151,7 @@ class Args:
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 at --schedule-steps"""
     schedule_steps: int | None = None
-    """step at which the annealed lr reaches 0 (default: the steps of this run, or on resume the checkpoint's)"""
+    """step at which the annealed lr reaches 0 (default: this run's steps; on resume the checkpoint's: a longer resume must re-plan it here)"""
     gamma: float = 0.99
     """discount factor gamma"""
     gae_lambda: float = 0.95
