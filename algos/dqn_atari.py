@@ -180,9 +180,9 @@ def atari_game(env_id: str) -> tuple[str, float]:
             raise fail(f"no Atari ROM named {name!r} in ale_py for {env_id!r}; check the game name (e.g. BreakoutNoFrameskip-v4)")
     try:  # name the file that fits an id Gymnasium knows (importing ale_py registered the RAM ids)
         space = gym.make(env_id).action_space
-        hint = "its actions are continuous: use d4pg.py or naf.py" if isinstance(space, gym.spaces.Box) else "it has vector observations: use ppg.py"
+        hint = "its actions are continuous: use d4pg.py, naf.py or rlpd.py" if isinstance(space, gym.spaces.Box) else "it has vector observations: use ppg.py"
     except Exception:
-        hint = "for vector observations with discrete actions use ppg.py; for continuous actions use d4pg.py or naf.py"
+        hint = "for vector observations with discrete actions use ppg.py; for continuous actions use d4pg.py, naf.py or rlpd.py"
     raise fail(f"{env_id!r} is not a pixel Atari id (<Game>NoFrameskip-v4 or ALE/<Game>-v5); {hint}")
 
 
