@@ -492,7 +492,7 @@ def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) 
 def eval_only(args: Args) -> None:
     """Evaluate --checkpoint with its own env, seed, frame limit and frame stack: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    run = ckpt["args"]
+    run = {"frame_stack": 4, **ckpt["args"]}  # checkpoints written before --frame-stack existed stacked 4 frames
     game, sticky = atari_protocol(ckpt["env_id"])
     atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"])
     agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"]).to(device, memory_format=torch.channels_last)
