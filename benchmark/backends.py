@@ -229,6 +229,14 @@ class Storage:
             self.sent[str(path)] = (stat.st_size, stat.st_mtime_ns)
 
 
+def _tell(events: Any, event: tuple[str, str, Any]) -> None:
+    """Report to the driver's display; best effort (its queue may be restarting after a node died)."""
+    try:
+        events.put(event, timeout=10)
+    except Exception:  # noqa: BLE001  # the display must not fail a run
+        pass
+
+
 def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, events: Any) -> dict[str, Any]:
     """On a Ray worker, in the algorithms folder the job shipped: run the algorithm in a temporary
     folder (from its stored copy and checkpoint, if any), keep the stored copy current, and return
@@ -247,12 +255,12 @@ def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, even
         with open(run_dir / LOG_NAME, "a") as log:
             log.write(f"\n--- attempt on node {node[:12]} ({platform.node()}) at {now()}"
                       + (f", resumed from {storage}/{CHECKPOINT.as_posix()}" if resumed else "") + " ---\n")
-        events.put(("start", job.key, f"{platform.node()}:{node[:8]}"))
+        _tell(events, ("start", job.key, f"{platform.node()}:{node[:8]}"))
         last_sync = time.monotonic()
 
         def poll(progress: tuple[int, int] | None) -> None:
             nonlocal last_sync
-            events.put(("progress", job.key, progress))
+            _tell(events, ("progress", job.key, progress))
             if stored is not None and time.monotonic() - last_sync >= sync_s:
                 stored.upload(run_dir)
                 last_sync = time.monotonic()
@@ -287,6 +295,7 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
     installs (in a virtualenv of Ray's) before running."""
     import ray
     from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     import benchmark
 
@@ -303,7 +312,9 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
     if storage and "://" not in storage:
         storage = str(Path(storage).resolve())  # the workers run in their own folders
     code = provenance.code_version(repo)
-    events = Queue(actor_options={"num_cpus": 0})
+    # The display's queue lives on the driver's node (restarted, empty, should that node be lost).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    events = Queue(actor_options={"num_cpus": 0, "max_restarts": -1, "scheduling_strategy": here})
     pending: dict[Any, Job] = {}
     try:
         cpus, memory_gb, gpus = _cluster_limits(ray)
@@ -325,7 +336,11 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
             pending[task.options(**options).remote(job, argv, stored, sync_s, events)] = job
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for kind, key, value in events.get_nowait_batch(events.qsize()):
+            try:
+                news = events.get_nowait_batch(events.qsize())
+            except ray.exceptions.RayError:
+                news = []
+            for kind, key, value in news:
                 (calls.on_start if kind == "start" else calls.on_progress)(by_key[key], value)
             for ref in done:
                 job = pending.pop(ref)

@@ -1,5 +1,5 @@
 """The Ray backend on a real multi-node cluster on this machine (ray.cluster_utils.Cluster: a head
-without CPUs and two worker nodes of one CPU each): code shipped with each task (no run reads
+without CPUs and two worker nodes of one CPU each, one with a GPU as far as Ray knows): code shipped with each task (no run reads
 the driver's folders), outputs brought back, resource requests, a killed node's run resumed from
 storage, and no training process left by a cancelled sweep or a lost driver.
 
@@ -30,8 +30,8 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1, num_gpus=1)  # a GPU Ray believes in: enough to see requests honoured
+    cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     yield cluster
     cluster.shutdown()
@@ -66,8 +66,10 @@ def _stored_log(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> str:
 
 def test_runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep):
     args = sweep(preset_toml("a"), preset_toml("b", args="score = 7", full_extra="memory_gb = 1"),
-                 preset_toml("huge", full_extra="memory_gb = 100000"))
+                 preset_toml("huge", full_extra="memory_gb = 100000"), preset_toml("gpu", extra="num_gpus = 1"))
     assert main(["full", *args, "--name", "ray"]) == 1  # 'huge' fits no node
+    assert record(tmp_path, "ray", "gpu")["status"] == "ok"
+    assert json.loads((tmp_path / "runs/ray/gpu/seed1/config.json").read_text())["gpus"] == "0"  # Ray gave it one
     for preset, score in (("a", 101.0), ("b", 8.0)):
         run_dir = tmp_path / "runs/ray" / preset / "seed1"
         rec = record(tmp_path, "ray", preset)
