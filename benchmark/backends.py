@@ -22,7 +22,6 @@ import io
 import math
 import os
 import platform
-import shutil
 import subprocess
 import tarfile
 import tempfile

@@ -3,7 +3,8 @@ without CPUs and two worker nodes of one CPU each, one with a GPU as far as Ray 
 the driver's folders), outputs brought back, resource requests, a killed node's run resumed from
 storage, and no training process left by a cancelled sweep or a lost driver.
 
-Heavy on a 2-core machine (a cluster takes about half a minute to start), so all `slow`."""
+Heavy on a 2-core machine (a cluster takes about half a minute to start), so `slow`, and one test
+on one cluster: test workers (pytest -n) cannot split it into several clusters at once."""
 
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-instal
 from benchmark.__main__ import main
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster():
     from ray.cluster_utils import Cluster
 
@@ -64,7 +64,7 @@ def _stored_log(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def test_runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep):
+def runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep) -> None:
     args = sweep(preset_toml("a"), preset_toml("b", args="score = 7", full_extra="memory_gb = 1"),
                  preset_toml("huge", full_extra="memory_gb = 100000"), preset_toml("gpu", extra="num_gpus = 1"))
     assert main(["full", *args, "--name", "ray"]) == 1  # 'huge' fits no node
@@ -87,7 +87,7 @@ def test_runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep):
     assert (tmp_path / "results/ray/plots/b.png").exists()
 
 
-def test_a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster):
+def a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster) -> None:
     args = sweep(preset_toml("stall", args='behaviour = "stall-once"', timeout=300, env="Killed-v0"))
     driver = _driver(tmp_path, args, "kill")
     _wait_for(lambda: (tmp_path / "storage/kill/stall/seed1/checkpoints/latest.pt").exists(), driver, timeout=180)
@@ -104,16 +104,15 @@ def test_a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, clus
         assert [step for step, _ in rec["curves"]["train"]] == list(range(10, 201, 10))  # both attempts' points
         _wait_for(lambda: not _processes_with("Killed-v0"), timeout=60)
     finally:
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1)  # two worker nodes again, for the two runs of what follows
         cluster.wait_for_nodes()
 
 
-@pytest.mark.parametrize("stop", ["cancel", "lost driver"])
-def test_a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str):
-    env = f"Stopped{stop.title().replace(' ', '')}-v0"
+def a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str) -> None:
+    env, name = f"Stopped{stop.title().replace(' ', '')}-v0", f"stop-{stop.replace(' ', '-')}"
     args = sweep(preset_toml("slow", seeds=2, args='behaviour = "sleep"', timeout=300, env=env))
-    driver = _driver(tmp_path, args, "stop")
-    _wait_for(lambda: all("fake run" in _stored_log(tmp_path, "stop", "slow", seed) for seed in (1, 2)), driver,
+    driver = _driver(tmp_path, args, name)
+    _wait_for(lambda: all("fake run" in _stored_log(tmp_path, name, "slow", seed) for seed in (1, 2)), driver,
               timeout=180)
     assert len(_processes_with(env)) >= 2
     if stop == "cancel":
@@ -127,4 +126,12 @@ def test_a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop:
     _wait_for(lambda: not _processes_with(env), timeout=90)
     print(f"{stop}: training processes gone {time.monotonic() - start:.0f} s after the driver stopped")
     if stop == "cancel":  # stopped by SIGTERM, so they leave their run folder as a checkpointing run would
-        assert json.loads((tmp_path / "storage/stop/slow/seed1/config.json").read_text())["env_id"] == env
+        assert json.loads((tmp_path / f"storage/{name}/slow/seed1/config.json").read_text())["env_id"] == env
+
+
+@pytest.mark.slow
+def test_ray_cluster(tmp_path: Path, sweep, cluster):
+    runs_ship_their_code_and_bring_outputs_back(tmp_path, sweep)
+    a_run_on_a_killed_node_resumes_from_storage(tmp_path, sweep, cluster)
+    for stop in ("cancel", "lost driver"):
+        a_stopped_sweep_leaves_no_training_process(tmp_path, sweep, stop)
