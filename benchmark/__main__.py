@@ -49,7 +49,7 @@ class Sweep(Common):
     """Only these environment ids (or patterns)."""
     workers: int = 2
     """CPUs to fill: runs at once, each taking its preset's num_cpus (local backend), or the
-    CPUs of the local Ray instance (ray backend)."""
+    CPUs of the local Ray instance (ray backend); also the runs at once the progress ETA assumes."""
     memory_gb: float | None = None
     """Memory the local backend may fill with the presets' memory_gb requests (default: all of it)."""
     gpus: int | None = None
