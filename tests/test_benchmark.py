@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from benchmark import progress as progress_module
 from benchmark import provenance
 from benchmark.__main__ import main
 from benchmark.backends import Machine
-from benchmark.manifest import ZooError, load_zoo
+from benchmark.manifest import ZooError, load_zoo, tomllib
 from benchmark.progress import Progress
 from benchmark.runner import plan_jobs
 
