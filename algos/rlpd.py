@@ -45,7 +45,8 @@ Implementation details:
 7. `--pretrain-steps` (default 0, as the paper): update rounds on prior data alone before the first env
    step, logged under pretrain/* at steps -pretrain_steps..0 (before online step 0, and untouched by a
    resume's purge of later steps), then one evaluation logged as pretrain/eval_return at step 0.
-8. Online: uniform random actions for the first `learning_starts` env steps (5,000 in the paper);
+8. Online: uniform random actions for the first `learning_starts` env steps (5,000 in the paper's
+   commands; the reference script's own default is 10,000);
    NEXT_STEP autoreset handled explicitly: the step after an episode end only resets that env and never
    becomes a transition. `scale_action` is the one place that maps [-1, 1] to the env's bounds.
 9. Each loop iteration first updates on what is stored, then acts: the same sequence of operations as
@@ -54,14 +55,16 @@ Implementation details:
 10. Checkpoints (plain dict, torch.load(weights_only=True)): actor, critics, target critics, log alpha,
     the three optimizers, the online replay (filled part), the prior data itself (so a resume reads no
     dataset: it may have moved or gone), counters and the torch and numpy generator states. Resume
-    refuses other dataset flags, ratio, widths or buffer size; it resets the envs (seeded with
-    seed + global_step), dropping the episode in progress. SIGINT/SIGTERM save and exit 0.
+    refuses another --dataset-id/--dataset-path, --offline-ratio, --pretrain-steps, --hidden-dim,
+    --num-qs, --num-envs or --buffer-size; it resets the envs (seeded with seed + global_step),
+    dropping the episode in progress. SIGINT/SIGTERM save and exit 0 without summary.json.
 11. Evaluation is deterministic (a = tanh(mean)) on a separate env seeded seed + 10_000 + i.
 
 Deviations from the reference code:
 a. PyTorch instead of JAX; Gymnasium 1.x with Minari data instead of gym with D4RL.
 b. `--num-envs` > 1 runs num_envs update rounds per vector step, keeping the ratio per env step.
-c. No wall-clock-heavy extras (dropout, weight decay, ResNet critics): the paper's RLPD config has none.
+c. The reference's options that its RLPD config leaves off (critic dropout, weight decay, ResNet
+   critics, p-norm features) are not offered.
 
 Usage: python algos/rlpd.py --env-id Pendulum-v1 --dataset-path DIR --total-steps 20000
 """
@@ -266,7 +269,7 @@ class EnsembleCritic(nn.Module):
         """Q_i(s, a) [num_qs, B] of every critic, or [len(members), B] of the critics `members` only."""
         pick = slice(None) if members is None else members
         x = torch.cat([obs, actions], -1)
-        x = x.expand(self.weights[0][pick].shape[0], *x.shape)
+        x = x.expand(self.num_qs if members is None else len(members), *x.shape)
         for layer, (w, b) in enumerate(zip(self.weights, self.biases)):
             x = torch.baddbmm(b[pick], x, w[pick])
             if layer < 2:  # each critic normalises its own features, then applies its own gain and bias
