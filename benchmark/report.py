@@ -318,9 +318,10 @@ def _reference_lines(ax: Any, references: list[dict[str, Any]]) -> None:
             ax.axhline(ref["score"], color=f"C{7 + i % 3}", linestyle=":", label=f"{ref['name']} ({ref['score']:g})")
 
 
-def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, window: int, path: Path) -> None:
+def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, window: int,
+                eval_iqm: list[tuple[int, float]], path: Path) -> None:
     """Return vs env steps: the mean over seeds of each seed's moving-average training curve,
-    min-max shaded, and every evaluation point."""
+    min-max shaded, every evaluation point, and the evaluation IQM across seeds."""
     plt, fig, axes = _figure()
     ax = axes[0, 0]
     curves = [np.asarray(r["curves"]["train"], dtype=float) for r in records if r["curves"]["train"]]
@@ -341,6 +342,9 @@ def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, 
         if r["curves"]["eval"]:
             steps, values = zip(*r["curves"]["eval"])
             ax.scatter(steps, values, s=12, color="black", label="evaluation" if i == 0 else None, zorder=3)
+    if eval_iqm:
+        steps, values = zip(*eval_iqm)
+        ax.plot(steps, values, color="black", label="evaluation IQM across seeds", zorder=3)
     if target is not None:
         ax.axhline(target, color="gray", linestyle="--", label="target")
     ax.set(title=f"{name} ({len(records)} seeds)", xlabel="environment steps", ylabel="episodic return")
@@ -394,6 +398,7 @@ def report_sweep(sweep: dict[str, Any], out_dir: Path, with_plots: bool) -> dict
             if any(r["curves"]["train"] or r["curves"]["eval"] for r in runs):
                 preset = presets[name]
                 plot_preset(name, runs, preset.target.threshold if preset.target else None, preset.curve_window,
+                            results["presets"][name]["sample_efficiency"]["eval_iqm_curve"],
                             out_dir / "plots" / f"{name}.png")
         for group in results["groups"]:
             plot_group(group, results, records, out_dir / "plots" / f"group-{group}.png")
