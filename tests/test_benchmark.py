@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-instal
 from benchmark import progress as progress_module
 from benchmark import provenance
 from benchmark.__main__ import main
-from benchmark.backends import Machine
+from benchmark.backends import Machine, Storage
 from benchmark.manifest import ZooError, load_zoo, tomllib
 from benchmark.progress import Progress
 from benchmark.runner import plan_jobs
@@ -659,6 +659,29 @@ def test_progress_on_a_terminal_redraws_its_block_in_place(tmp_path: Path, zoo, 
     # The finished run's line stays; the block ends as one final plain line.
     assert text.count("ok     a seed1: eval 1.0, 3 s\n") == 1
     assert text.endswith("\x1b[J1/2 done (0 failed, 0 from before) | 0 running, 1 queued | elapsed 0m00s | eta 0m03s\n")
+
+
+@pytest.mark.parametrize("url", ["folder", "memory://bench/store"])
+def test_storage_keeps_a_run_folder_and_gives_it_back(tmp_path: Path, url: str):
+    url = str(tmp_path / "store") if url == "folder" else url
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints/latest.pt").write_text("step 100")
+    (run / "benchmark.log").write_text("first attempt\n")
+    (run / "checkpoints/latest.pt.tmp").write_text("half-written")  # a save in progress is not copied
+    stored = Storage(url)
+    assert not stored.restore(tmp_path / "nothing")
+    stored.upload(run)
+    sent = dict(stored.sent)
+    stored.upload(run)  # unchanged files are not sent again
+    assert stored.sent == sent and len(sent) == 2
+    (run / "benchmark.log").write_text("first attempt\nmore\n")
+    stored.upload(run)
+    back = tmp_path / "back"
+    assert Storage(url).restore(back)
+    assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == [
+        "benchmark.log", "checkpoints/latest.pt"]  # no .part or .tmp files
+    assert (back / "benchmark.log").read_text() == "first attempt\nmore\n"
 
 
 # --- what a Ray job carries (the cluster itself: test_benchmark_ray.py) -------------------
