@@ -337,8 +337,10 @@ def test_signal_during_pretraining_then_resume_equals_an_uninterrupted_run(tmp_p
                                                                               restore_signals):
     """SIGTERM in the 3rd of 5 pretraining rounds: a checkpoint at step 0 with 3 rounds done, no
     summary; the resume finishes pretraining and the run, identical to one never stopped (the envs
-    restart from the same seed at step 0). No online update: learning starts after the last step."""
-    flags = {**TINY, "dataset_path": str(datasets_root / DATASET_ID), "pretrain_steps": 5, "total_steps": 60}
+    restart from the same seed at step 0). No online update: learning starts after the last step.
+    The 450 steps hold two 200-step episodes, and the two autoreset steps after them are not stored."""
+    flags = {**TINY, "dataset_path": str(datasets_root / DATASET_ID), "pretrain_steps": 5, "total_steps": 450,
+             "learning_starts": 1000}
     rlpd.train(rlpd.Args(**flags, run_dir=str(tmp_path / "straight")))
     real_update = rlpd.update
     signalling, calls = sigterm_on_call(3, real_update)
@@ -356,6 +358,9 @@ def test_signal_during_pretraining_then_resume_equals_an_uninterrupted_run(tmp_p
     for name in rlpd.ReplayBuffer.FIELDS:
         torch.testing.assert_close(resumed["replay_buffer"][name], straight["replay_buffer"][name], rtol=0, atol=0)
     assert summary(tmp_path / "split")["eval_returns"] == summary(tmp_path / "straight")["eval_returns"]
+    assert straight["replay_buffer"]["size"] == 450 - 2
+    assert (straight["replay_buffer"]["rewards"] < 0).all()  # an autoreset row would hold Gymnasium's reward 0
+    assert [step for step, _ in scalars(tmp_path / "straight", "charts/episodic_length")] == [200, 401]
 
 
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch, restore_signals):
