@@ -35,7 +35,9 @@ Implementation details:
     own state (the state after its last step, before the reset).
  4. Network: Nature CNN (orthogonal, gain sqrt 2) -> 512 ReLU -> LSTM(512 -> H) -> policy head
     (gain 0.01) and value head (gain 1); LSTM weights orthogonal (gain 1), biases 0, as CleanRL.
-    H = `--lstm-hidden-size` 512 (issue 10); CleanRL and RL Zoo use 128.
+    H = `--lstm-hidden-size` 128, as CleanRL's nn.LSTM(512, 128) and RL Zoo. H = 512 costs on
+    the CPU: a minibatch of 2 sequences makes each recurrent step a (2 x 512) @ (512 x 2048)
+    product that streams 4 MB of weights, and an update took 1.8x the CPU time of H = 128.
  5. Episode starts: start_t = 1 where o_t opens a learning episode: a new game (after a game
     over or a time-limit cut) or the first frame after a lost life. Acting and training both
     zero (h, c) there, from the same stored flags, so memory never crosses an episode boundary.
@@ -43,7 +45,10 @@ Implementation details:
     training replays chunks of L steps of one env from their stored state (truncated BPTT, as
     sb3-contrib and Sample Factory). L = `--num-steps` (the default) gives CleanRL's
     whole-rollout sequences. A minibatch is a set of chunks: the N T / L chunks of a rollout are
-    split into `--num-minibatches` (CleanRL: whole envs, N divisible by the minibatches).
+    split into `--num-minibatches` (CleanRL: whole envs, N divisible by the minibatches). The
+    stored states come from the acting weights (R2D2's "stored state"): in later epochs a chunk
+    starts from a slightly stale state, the price of cutting sequences; the steps inside a chunk
+    are recomputed with the current weights.
  7. Training pass: the CNN runs once over every frame of a minibatch; nn.LSTM then runs once per
     span of steps in which none of the minibatch's sequences starts an episode (one call per
     span: cuDNN's fused kernel on GPU), zeroing the starting sequences' state at each span's
@@ -52,9 +57,9 @@ Implementation details:
     while acting (tested), which is what makes the PPO ratio correct.
  8. PPO as ppo_atari.py (CleanRL defaults): Adam eps 1e-5 (fused), 4 epochs, advantages
     normalised per minibatch, clipped value loss, grad-norm 0.5, optional `--target-kl` early
-    stop, channels_last convolutions; lr = 2.5e-4 (1 - step / H), with H = `--schedule-steps`,
+    stop, channels_last convolutions; lr = 2.5e-4 (1 - step / S), with S = `--schedule-steps`,
     by default the first run's steps, kept in the checkpoint: a resume continues the same
-    schedule, and extending an annealed run past H is refused (pass --schedule-steps to re-plan
+    schedule, and extending an annealed run past S is refused (pass --schedule-steps to re-plan
     it, or --no-anneal-lr) rather than training at lr 0 or making the rate jump up.
  9. Evaluation as ppo_atari.py: the sampled policy (as the literature's PPO scores), full games
     on separate envs seeded seed + 10_000 + i, actions drawn on the CPU from evaluation's own
@@ -65,7 +70,7 @@ Implementation details:
     checkpoint, so it repeats the run's final evaluation. `--capture-video` records one more
     game (seed + 20_000) with gymnasium's AtariPreprocessing, frames stacked as the vector env
     stacks them (zero padding).
-10. Checkpoints: network, optimizer, iteration, the anneal horizon H and exactly the generators
+10. Checkpoints: network, optimizer, iteration, the anneal horizon S and exactly the generators
     drawn from: torch's default one (initialisation, actions; CUDA's on a GPU) and the minibatch
     order's. Not the emulators: a resumed run restarts its games (seeded seed + step), and the
     acting hidden states restart at zero with them (a fresh game is an episode start), so they
@@ -147,8 +152,8 @@ class Args:
     """emulator frames after which a game is truncated (bootstrapped; --eval-only: the checkpoint's)"""
     frame_stack: int = 1
     """frames per observation (1: the LSTM does the stacking; 4: RL Zoo's recurrent setting); fixed on resume"""
-    # Recurrent PPO (CleanRL defaults, LSTM size from issue 10)
-    lstm_hidden_size: int = 512
+    # Recurrent PPO (CleanRL defaults)
+    lstm_hidden_size: int = 128
     """LSTM units H (CleanRL and RL Zoo: 128)"""
     seq_len: int = 128
     """steps per training sequence L (divides --num-steps; = --num-steps: whole rollouts)"""
