@@ -437,7 +437,9 @@ def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path):
 
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("env_id, fragment", [
-    ("ALE/Pong-v5", "image observations (210, 160, 3); appo.py needs flat ones, use ppo_atari.py"),
+    ("CarRacing-v3", "image observations (96, 96, 3); appo.py needs flat ones, use ppo_atari.py"),
+    ("ALE/Pong-v5", "cannot make environment 'ALE/Pong-v5' ("),
+    ("ALE/Pong-v5", "); Atari games have image observations, use ppo_atari.py"),
     ("Pendulum-v1", "continuous actions; appo.py needs Discrete ones, use d4pg.py or naf.py"),
     ("Blackjack-v1", "Tuple observations and Discrete actions; appo.py needs flat Box observations"),
     ("NoSuchEnv-v0", "cannot make environment 'NoSuchEnv-v0'"),
