@@ -355,7 +355,7 @@ def test_refuses_foreign_and_incompatible_checkpoints(tmp_path):
     path = tmp_path / "latest.pt"
 
     def refusal(ckpt, **kwargs):
-        torch.save({"env_id": "Pendulum-v1", "global_step": 100, "args": asdict(d4pg.Args()), **ckpt}, path)
+        torch.save({"harness": 1, "env_id": "Pendulum-v1", "global_step": 100, "args": asdict(d4pg.Args()), **ckpt}, path)
         return error_of(resume=str(path), **kwargs)
 
     assert "written by naf.py, not d4pg.py" in refusal({"algo": "naf"})

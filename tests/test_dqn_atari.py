@@ -544,7 +544,7 @@ def bad_checkpoints(tmp_path_factory):
     torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 10}, d / "other.pt")
 
     def fake(env_id="BreakoutNoFrameskip-v4", num_envs=1, buffer_size=1_000_000, **keys):  # every key present, dummy values
-        return {"algo": "dqn_atari", "env_id": env_id, "args": {"num_envs": num_envs, "buffer_size": buffer_size}, "global_step": 10,
+        return {"algo": "dqn_atari", "harness": 1, "env_id": env_id, "args": {"num_envs": num_envs, "buffer_size": buffer_size}, "global_step": 10,
                 **{k: 0 for k in dqn.RESUME_KEYS}, **keys}
     torch.save(fake(env_id="ALE/Pong-v5"), d / "pong.pt")
     torch.save(fake(num_envs=8), d / "eight.pt")

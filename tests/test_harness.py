@@ -22,6 +22,10 @@ COUNTERPART_LINES = {
     "ppg.py": 480,  # CleanRL ppg_procgen.py
     "d4pg.py": 317,  # CleanRL td3_continuous_action.py
     "naf.py": 300,  # CleanRL ddpg_continuous_action.py
+    "recurrent_ppo_atari.py": 375,  # CleanRL ppo_atari_lstm.py
+    # No single-file peer has what these add; the allowance is stated, not hidden:
+    "appo.py": 312 + 120,  # CleanRL ppo.py + actor processes, shared-memory weights, lag and shutdown
+    "rlpd.py": 324 + 60,  # CleanRL sac_continuous_action.py + Minari loading and its checks
 }
 FILES = sorted(p.name for p in ALGOS.glob("*.py"))
 

@@ -334,6 +334,10 @@ def test_bad_checkpoints(tiny_run, tmp_path):
     for flags, fragment in cases:  # refused before anything is written
         with pytest.raises(SystemExit, match=fragment):
             naf.train(naf.Args(resume=good, run_dir=str(tmp_path / "r"), **flags))
+    older = tmp_path / "older.pt"  # a checkpoint of naf.py before the run harness: other keys, no "harness" mark
+    torch.save({k: v for k, v in torch.load(good, weights_only=True).items() if k != "harness"}, older)
+    with pytest.raises(SystemExit, match="written by an older naf.py whose checkpoints this one cannot continue"):
+        naf.train(naf.Args(resume=str(older), hidden_dim=32, num_envs=2, run_dir=str(tmp_path / "r")))
     assert not (tmp_path / "r").exists()
 
 

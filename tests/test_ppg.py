@@ -579,7 +579,7 @@ def test_incompatible_checkpoints_are_refused(tmp_path):
     torch.save({"algo": "dqn_atari", "env_id": "CartPole-v1", "args": {}, "global_step": 0}, other)
     assert "dqn_atari.py" in refused(tmp_path, eval_only=True, checkpoint=str(other))
     mine = tmp_path / "mine.pt"
-    torch.save({"algo": "ppg", "env_id": "CartPole-v1", "args": ppg.asdict(ppg.Args()), "global_step": 4096, "anneal_steps": 50_000}, mine)
+    torch.save({"algo": "ppg", "harness": 1, "env_id": "CartPole-v1", "args": ppg.asdict(ppg.Args()), "global_step": 4096, "anneal_steps": 50_000}, mine)
     for change, fragment in [({"arch": "detach"}, "--arch dual"), ({"num_envs": 4}, "--num-envs 8"), ({"n_pi": 4}, "--n-pi 8"),
                              ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"), ({"e_aux": 0}, "--e-aux 6"),
                              ({"total_steps": 4000}, "--total-steps 4000 is below the checkpoint's step 4096")]:
