@@ -290,10 +290,8 @@ def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tenso
     LSTM step from the episode's own state, before the reset zeroes it."""
     values = torch.zeros(len(cut), device=device)
     if cut.any():
-        idx = torch.from_numpy(np.flatnonzero(cut)).to(device)
-        h, c = state
-        final = torch.from_numpy(final_obs[cut]).to(device)
-        values[idx] = agent(final[None], (h[:, idx], c[:, idx]), torch.zeros(1, len(idx), device=device))[1][0]
+        idx, final = torch.from_numpy(np.flatnonzero(cut)).to(device), torch.from_numpy(final_obs[cut]).to(device)
+        values[idx] = agent(final[None], (state[0][:, idx], state[1][:, idx]), torch.zeros(1, len(idx), device=device))[1][0]
     return values
 
 
@@ -450,8 +448,7 @@ def train(args: Args) -> None:
                    f"pass --schedule-steps {num_iterations * N * T} (or more) to re-plan it, or --no-anneal-lr")
     atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack)
     envs = make_envs(N, **atari)
-    agent = Agent(int(envs.single_action_space.n), args.frame_stack, args.lstm_hidden_size)
-    agent = agent.to(device, memory_format=torch.channels_last)
+    agent = Agent(int(envs.single_action_space.n), args.frame_stack, args.lstm_hidden_size).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     gen = torch.Generator().manual_seed(args.seed)  # minibatch order
     global_step, iteration = (ckpt["global_step"], ckpt["iteration"]) if ckpt else (0, 0)
@@ -557,8 +554,7 @@ def eval_only(args: Args) -> None:
     run = ckpt["args"]
     game, sticky = atari_protocol(ckpt["env_id"])
     atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"])
-    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"], run["lstm_hidden_size"])
-    agent = agent.to(device, memory_format=torch.channels_last)
+    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"], run["lstm_hidden_size"]).to(device, memory_format=torch.channels_last)
     agent.load_state_dict(ckpt["agent"])
     returns, capped = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device)
     run_dir = run_dir_for(args, args.checkpoint)
@@ -566,9 +562,8 @@ def eval_only(args: Args) -> None:
     write_eval_only(run_dir, args, ckpt, returns, eval_capped_games=capped, **video)
 
 
-# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them).
-# No algorithm knowledge below: errors, argument checks, device, seeding, checkpoints, RNG state, stop signals,
-# interval tests and the logger. Change it in one file, then copy it to the others.
+# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them). No algorithm
+# knowledge below (errors, checks, device, seeding, checkpoints, RNG state, signals, intervals, logger). Change it in one file, copy to all.
 SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
 PROCESS_START = time.time()  # summary.json's wall_time_s counts from here (imports done)
 
@@ -579,7 +574,7 @@ def fail(message: str) -> SystemExit:
 
 
 def check_args(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first (condition, message) row whose condition is false; the common flags first."""
+    """Stop at the first false (condition, message) row, common flags first; all rows are computed first, so each must be safe on bad input."""
     common = [
         (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
         (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
@@ -634,7 +629,7 @@ def save_checkpoint(path: Path, args, global_step: int, state: dict) -> None:
     """Plain tensors and containers, written to a temporary file and renamed: a kill leaves the last one whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"algo": ALGO, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
+    torch.save({"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
     os.replace(tmp, path)
 
 
@@ -642,7 +637,7 @@ def load_checkpoint(path: str, env_id: str | None = None) -> dict:
     """Loaded on the CPU with weights_only=True (a stranger's checkpoint cannot run code); the algorithm
     moves what it needs to its device. Refuses another script's or another environment's checkpoint."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mapped: a replay is read when used
     except FileNotFoundError:
         raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
     except Exception as e:
@@ -659,10 +654,12 @@ def load_checkpoint(path: str, env_id: str | None = None) -> dict:
 def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
     """--resume's checkpoint; refused below its step or when an argument in `same` (sizes of what it holds) differs."""
     ckpt = load_checkpoint(args.resume, args.env_id)
+    if ckpt.get("harness") != 1:
+        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT} whose checkpoints this one cannot continue; resume it with that version")
     if args.total_steps < ckpt["global_step"]:
         raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
     for key in same:
-        if ckpt["args"][key] != getattr(args, key):
+        if ckpt["args"].get(key) != getattr(args, key):
             flag = "--" + key.replace("_", "-")
             raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
     return ckpt
@@ -694,8 +691,7 @@ def eval_stats(returns: list[float]) -> dict:  # the evaluation fields of summar
 
 
 class StopSignal:
-    """The first SIGINT or SIGTERM makes this true: the loop checkpoints and leaves at its next safe
-    point. Both signals then go back to their defaults, so a second one kills at once."""
+    """True after the first SIGINT or SIGTERM (the loop checkpoints and leaves); a second one kills at once."""
 
     def __init__(self):
         self.signum = None
@@ -770,7 +766,7 @@ class RunLogger:
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
         if not torch.isfinite(value).all():
-            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try a lower --learning-rate")
+            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try lower learning rates")
 
     def interrupted(self, step: int) -> None:
         print(f"interrupted: checkpoint saved at step {step:,} to {self.checkpoint}; continue with --resume {self.checkpoint}", flush=True)
