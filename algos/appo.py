@@ -44,7 +44,8 @@ Implementation details:
    stop signal checkpoints, then the learner sets a shared stop flag, joins the actors and kills any left
    after 3 s, on every way out. An actor that raises sends its error; a dead actor (killed) is seen by a
    liveness check at each wait of at most 0.5 s; either stops the learner with one line naming the actor.
-   An actor whose learner is gone exits, so no process is orphaned.
+   An actor whose learner is gone exits, so no process is orphaned. The stop and ready flags are shared
+   tensors, not locks or events, which a killed actor could leave held.
 5. V-trace runs once per batch, before the epochs (as PPO's GAE), with the learner's current pi and V;
    then update_epochs passes of shuffled minibatches. Advantages are normalised over the batch.
    --target-kl stops the epochs once the approximate KL(mu || pi) of the last minibatch exceeds it.

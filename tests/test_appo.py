@@ -24,6 +24,12 @@ import torch
 from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
                       sigterm_on_call, summary)
 
+try:
+    import psutil
+except ImportError:
+    psutil = None
+needs_psutil = pytest.mark.skipif(psutil is None, reason="the actor-process tests watch child processes with psutil")
+
 spec = importlib.util.spec_from_file_location("appo", ALGOS / "appo.py")
 appo = importlib.util.module_from_spec(spec)
 sys.modules["appo"] = appo  # dataclasses look the module up while the file executes
@@ -307,14 +313,26 @@ def test_copy_alone_runs(tmp_path):
 
 
 # ---------------------------------------------------------------- actor processes
-def start(*args, env=None):
-    return subprocess.Popen([sys.executable, str(ALGOS / "appo.py"), *CLI_SMALL, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env or {**os.environ, "OMP_NUM_THREADS": "1"})
+@pytest.fixture
+def start():
+    """Start appo.py with the small settings; a learner still running when the test ends (a failed
+    assertion) is killed, and its actors then exit on their own (detail 4)."""
+    procs = []
+
+    def launch(*args, env=None):
+        procs.append(subprocess.Popen([sys.executable, str(ALGOS / "appo.py"), *CLI_SMALL, *args], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env or {**os.environ, "OMP_NUM_THREADS": "1"}))
+        return procs[-1]
+
+    yield launch
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def watch(proc, until=lambda: False, timeout=120) -> set[int]:
     """Poll until the process ends or `until()` holds; returns the pids of every descendant seen."""
-    psutil = pytest.importorskip("psutil")
     seen, deadline = set(), time.time() + timeout
     while proc.poll() is None and not until() and time.time() < deadline:
         try:
@@ -326,13 +344,10 @@ def watch(proc, until=lambda: False, timeout=120) -> set[int]:
 
 
 def actors_of(proc) -> list[int]:
-    psutil = pytest.importorskip("psutil")
     return [p.pid for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
 
 
 def check_none_left(pids: set[int], within: float = 10.0) -> None:
-    psutil = pytest.importorskip("psutil")
-
     def running(pid):
         try:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -346,7 +361,8 @@ def check_none_left(pids: set[int], within: float = 10.0) -> None:
 
 
 @pytest.mark.slow
-def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path):
+@needs_psutil
+def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path, start):
     """--max-policy-lag 0: every rollout that arrives after an update of the learner is dropped, and counted."""
     run_dir = tmp_path / "run"
     proc = start("--num-actors", "2", "--total-steps", "2048", "--max-policy-lag", "0", "--run-dir", str(run_dir))
@@ -364,7 +380,8 @@ def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_actor_stops_the_learner_within_seconds(tmp_path):
+@needs_psutil
+def test_killed_actor_stops_the_learner_within_seconds(tmp_path, start):
     """SIGINT and SIGTERM to an actor change nothing (a Ctrl-C reaches the whole process group; the learner
     decides); SIGKILL to the other stops the learner with one line naming it."""
     run_dir = tmp_path / "run"
@@ -407,7 +424,8 @@ gym.register("Faulty-v0", entry_point=Faulty, max_episode_steps=500)
 
 
 @pytest.mark.slow
-def test_actor_error_stops_the_learner_with_its_message(tmp_path):
+@needs_psutil
+def test_actor_error_stops_the_learner_with_its_message(tmp_path, start):
     (tmp_path / "faulty_env.py").write_text(FAULTY_ENV)
     proc = start("--num-actors", "1", "--env-id", "faulty_env:Faulty-v0", "--total-steps", "10000000", "--run-dir",
                  str(tmp_path / "run"), env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)})
@@ -420,7 +438,8 @@ def test_actor_error_stops_the_learner_with_its_message(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path):
+@needs_psutil
+def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path, start):
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / "latest.pt"
     proc = start("--num-actors", "1", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir))
