@@ -27,19 +27,20 @@ pytestmark = [
 # Tiny runs: (script, flags of a first run of `steps`, the step count the resume continues to).
 CASES = {
     "ppo_atari.py": (["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
-                      "--eval-episodes", "1", "--max-episode-frames", "2000"], 64, 128),
+                      "--eval-episodes", "1", "--max-episode-frames", "2000", "--schedule-steps", "128"], 64, 128),
     "dqn_atari.py": (["--learning-starts", "100", "--buffer-size", "1000", "--max-episode-frames", "2000",
                       "--eval-episodes", "1"], 300, 400),
     "ppg.py": (["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--n-pi", "3", "--e-pi", "2",
-                "--e-v", "2", "--e-aux", "2", "--aux-num-minibatches", "4", "--eval-episodes", "2"], 192, 320),
+                "--e-v", "2", "--e-aux", "2", "--aux-num-minibatches", "4", "--eval-episodes", "2", "--anneal-steps", "320"], 192, 320),
     "naf.py": (["--learning-starts", "100", "--batch-size", "32", "--hidden-dim", "32", "--eval-episodes", "1"], 300, 400),
     "d4pg.py": (["--learning-starts", "100", "--batch-size", "32", "--hidden-size", "32", "--buffer-size", "5000",
                  "--eval-episodes", "1"], 300, 400),
-    "appo.py": (["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--eval-episodes", "2"], 128, 256),
+    "appo.py": (["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--eval-episodes", "2", "--no-anneal-lr"], 128, 256),
     "rlpd.py": (["--offline-ratio", "0", "--learning-starts", "100", "--utd-ratio", "2", "--batch-size", "32",
                  "--hidden-dim", "32", "--eval-episodes", "1"], 300, 400),
     "recurrent_ppo_atari.py": (["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
-                                "--eval-episodes", "1", "--max-episode-frames", "2000"], 64, 128),
+                                "--seq-len", "16", "--eval-episodes", "1", "--max-episode-frames", "2000", "--schedule-steps", "128"],
+                               64, 128),
 }
 
 
