@@ -275,7 +275,7 @@ def test_resume_equals_uninterrupted_run_and_seeds_decide(tmp_path, restore_sign
     check_eval_only_after_move(a, lambda ckpt: appo.train(appo.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=1)
 
 
-def test_nonfinite_loss_stops_before_publishing(tmp_path, restore_signals, monkeypatch):
+def test_nonfinite_loss_stops_in_one_line(tmp_path, restore_signals, monkeypatch):
     real = appo.appo_loss
 
     def nan_loss(*args, **kwargs):
@@ -457,8 +457,8 @@ def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path, start
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("env_id, fragment", [
     ("CarRacing-v3", "image observations (96, 96, 3); appo.py needs flat ones, use ppo_atari.py"),
-    ("ALE/Pong-v5", "cannot make environment 'ALE/Pong-v5' ("),
-    ("ALE/Pong-v5", "); Atari games have image observations, use ppo_atari.py"),
+    # Unregistered (ale_py not imported) or registered by another test in this worker: either way, ppo_atari.py.
+    ("ALE/Pong-v5", "use ppo_atari.py"),
     ("Pendulum-v1", "continuous actions; appo.py needs Discrete ones, use d4pg.py or naf.py"),
     ("Blackjack-v1", "Tuple observations and Discrete actions; appo.py needs flat Box observations"),
     ("NoSuchEnv-v0", "cannot make environment 'NoSuchEnv-v0'"),
