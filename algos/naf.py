@@ -43,7 +43,7 @@ Implementation details:
    sampling, exploration noise, random actions). Resume resets the envs (seeded with
    seed + global_step), so the episode in progress at save time is dropped. SIGINT/SIGTERM
    skip any evaluation still due, save a checkpoint and exit 0 without summary.json
-   (summary.json means "finished"); a second Ctrl-C kills at once. Resume and --eval-only
+   (summary.json means "finished"); a second SIGINT or SIGTERM kills at once. Resume and --eval-only
    write into --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 
 Deviations from the paper and public ports, for Pendulum-v1 in 20k steps:
