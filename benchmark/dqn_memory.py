@@ -8,6 +8,7 @@ stored once) plus 15 bytes of action, reward and flags per transition.
 from __future__ import annotations
 
 import importlib.util
+import os
 import resource
 import sys
 import time
@@ -22,10 +23,14 @@ from .manifest import ZooError
 SOURCE_FRAMES = 4096
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (the tool only grows, so it is also the current)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+def rss_mb() -> float:
+    """Resident memory of this process now. The peak (`ru_maxrss`) is not enough: importing torch
+    can leave a transient peak above what the buffer later adds, which hides the growth."""
+    statm = Path("/proc/self/statm")
+    if statm.is_file():
+        return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc (macOS): the peak, in bytes
+    return peak / 2**20
 
 
 def load_dqn(path: Path) -> ModuleType:
@@ -43,10 +48,10 @@ def measure(capacity: int, script: Path) -> dict[str, Any]:
     if capacity < 1:
         raise ZooError(f"--capacity must be positive, got {capacity}")
     dqn = load_dqn(script)
-    imported = peak_rss_mb()
+    imported = rss_mb()
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (SOURCE_FRAMES, 1, 84, 84), dtype=np.uint8)
-    baseline = peak_rss_mb()
+    baseline = rss_mb()
     print(f"after imports: RSS {imported:,.0f} MB; with {SOURCE_FRAMES:,} source frames: {baseline:,.0f} MB")
     start = time.time()
     buffer = dqn.FrameReplayBuffer(capacity, 1)
@@ -54,7 +59,7 @@ def measure(capacity: int, script: Path) -> dict[str, Any]:
     for i in range(capacity):
         ended = np.array([i % 5000 == 4999])  # games of 5,000 steps, so episode boundaries are stored too
         buffer.add(frames[i % SOURCE_FRAMES], action, reward, frames[(i + 1) % SOURCE_FRAMES], done, ended)
-    filled = peak_rss_mb()
+    filled = rss_mb()
     fill_s = time.time() - start
     print(f"filled {capacity:,} transitions in {fill_s:.0f} s: RSS {filled:,.0f} MB, "
           f"+{filled - baseline:,.1f} MB over the baseline ({capacity * 84 * 84 / 2**20:,.1f} MB of frames)")
@@ -62,6 +67,6 @@ def measure(capacity: int, script: Path) -> dict[str, Any]:
     for _ in range(1000):
         buffer.sample(32, rng)
     sample_s = time.time() - start
-    print(f"1000 batches of 32 sampled in {sample_s:.2f} s; peak RSS {peak_rss_mb():,.0f} MB")
+    print(f"1000 batches of 32 sampled in {sample_s:.2f} s; RSS {rss_mb():,.0f} MB")
     return {"imported_mb": imported, "baseline_mb": baseline, "filled_mb": filled, "fill_s": fill_s,
             "sample_s": sample_s}
