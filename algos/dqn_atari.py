@@ -20,18 +20,24 @@ Equations (Nature, Methods "Training algorithm for deep Q-networks"):
 Implementation details:
  1. Environment: ale_py's C++ AtariVectorEnv with the literature preprocessing: up to 30
     no-op starts, frame skip 4 with a max over the last two frames, 84x84 grayscale, a stack
-    of 4, FIRE on reset. `<Game>NoFrameskip-v4` -> no sticky actions (the DQN protocol);
-    `ALE/<Game>-v5` -> sticky actions 0.25 (Machado et al. 2018). <Game> is any ROM ale_py
-    ships, spelled as Gymnasium spells it (`ALE/Pitfall2-v5`, `TicTacToe3DNoFrameskip-v4`);
-    other ids are refused in one line.
+    of 4. `<Game>NoFrameskip-v4` -> no sticky actions (the DQN protocol); `ALE/<Game>-v5` ->
+    sticky actions 0.25 (Machado et al. 2018). <Game> is any ROM ale_py ships, spelled as
+    Gymnasium spells it (`ALE/Pitfall2-v5`, `TicTacToe3DNoFrameskip-v4`); other ids are
+    refused in one line.
  2. Rewards: the network learns from sign(r) (Nature's clipping); `charts/episodic_return` is
     the unclipped full-game score (all lives) and `charts/episodic_length` is in agent steps.
- 3. A lost life is terminal for learning only (d = 1 in the replay), detected as a drop of
-    `info["lives"]` within a game (after a game end the count is the next game's, and a game
-    with bonus lives can end above it); the game (and the score) goes on. Deviation from
-    CleanRL: unlike its EpisodicLife + FireReset wrappers, FIRE is not pressed after a lost
-    life (only when a game starts); the agent learns to press it, which changes Breakout's
-    early learning curve.
+ 3. Life and FIRE protocol (`--protocol`; auto = baselines for NoFrameskip-v4, machado for v5).
+    A lost life is a drop of `info["lives"]` within a game (after a game end the count is the
+    next game's, and a game with bonus lives can end above it).
+    - baselines (OpenAI baselines / CleanRL's EpisodicLife + FireReset, with which the published
+      NoFrameskip-v4 scores were made): in games with FIRE, FIRE is pressed at reset and, as the
+      next agent step, after each lost life (in place of the epsilon-greedy action); a lost
+      life is terminal for learning (d = 1 in the replay). DQN learns off-policy, so the forced
+      step is stored as an ordinary transition with action FIRE: a real (s, a, r, s') for
+      Q-learning. It counts as an agent step.
+    - machado (Machado et al. 2018): no FIRE and no life signal; only a game over has d = 1.
+    Neither resets the game at a lost life, so the logged score and evaluation are whole games
+    played under the same protocol.
  4. Autoreset mode SameStep: the step that ends a game returns the first observation of the
     next game and the real last one in `info["final_obs"]`, which becomes s' of the stored
     transition. No transition spans two games. Truncation (`--max-episode-frames`) stores
@@ -49,10 +55,12 @@ Implementation details:
  8. Steps count environment steps summed over envs. With several envs, the number of
     updates per env step (1 / --train-frequency) and the target period stay as with one.
  9. Evaluation: one AtariVectorEnv with one sub-env per game, seeds seed + 10000 + i, epsilon
-    = --eval-epsilon (0.05, as Nature and CleanRL): a purely greedy agent can stall forever
-    in games that need FIRE after a lost life (detail 3), and the random actions come from a
-    fixed-seed generator so evaluation stays reproducible. --eval-only takes the env, seed,
-    frame cap and epsilon from the checkpoint: it repeats the run's own final evaluation.
+    = --eval-epsilon (0.05, as Nature and CleanRL: a purely greedy agent can stall forever,
+    e.g. never pressing FIRE under machado), FIRE forced after a lost life as in training
+    (detail 3); the random actions come from a fixed-seed generator, so evaluation stays
+    reproducible.
+    --eval-only takes the env, seed, frame cap, epsilon and protocol from the checkpoint
+    (auto for checkpoints older than --protocol): it repeats the run's own final evaluation.
     --capture-video saves the first game of that evaluation as the network sees it (84x84
     grayscale, 15 agent steps per second): the vector env does not render, and a game replayed
     on another emulator wrapper would not be the one whose score is reported.
@@ -104,6 +112,8 @@ from torch.utils.tensorboard import SummaryWriter
 class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """Atari id: <Game>NoFrameskip-v4 (no sticky actions) or ALE/<Game>-v5 (sticky actions 0.25)"""
+    protocol: Literal["auto", "baselines", "machado"] = "auto"
+    """FIRE after a lost life and lives terminal for learning (baselines) or neither (machado); auto: baselines for v4 ids (detail 3)"""
     seed: int = 1
     """seed of torch, numpy and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
@@ -127,7 +137,7 @@ class Args:
     eval_interval: int = 1_000_000
     """env steps between evaluations (0: only at the end)"""
     eval_only: bool = False
-    """only evaluate --checkpoint, with its run's env, seed, --max-episode-frames and --eval-epsilon"""
+    """only evaluate --checkpoint, with its run's env, seed, --max-episode-frames, --eval-epsilon and --protocol"""
     checkpoint: str | None = None
     """checkpoint for --eval-only"""
     capture_video: bool = False
@@ -185,13 +195,23 @@ def atari_game(env_id: str) -> tuple[str, float]:
     raise fail(f"{env_id!r} is not a pixel Atari id (<Game>NoFrameskip-v4 or ALE/<Game>-v5); {hint}")
 
 
+def resolve_protocol(protocol: str, env_id: str) -> str:
+    """The life and FIRE protocol of detail 3: `auto` follows the id's literature."""
+    return protocol if protocol != "auto" else "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
+
+
 def make_env(args: Args, num_envs: int):
+    from ale_py import Action
     from ale_py.vector_env import AtariVectorEnv
 
     game, sticky = atari_game(args.env_id)
+    baselines = resolve_protocol(args.protocol, args.env_id) == "baselines"
     # clipping, life loss and reset bookkeeping are ours (details 2-4), so the env reports raw data
-    return AtariVectorEnv(game, num_envs, repeat_action_probability=sticky, max_num_frames_per_episode=args.max_episode_frames,
-                          reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep")
+    envs = AtariVectorEnv(game, num_envs, repeat_action_probability=sticky, max_num_frames_per_episode=args.max_episode_frames,
+                          reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep", use_fire_reset=baselines)
+    action_set = list(envs.ale.get_action_set())
+    envs.fire = action_set.index(Action.FIRE) if baselines and Action.FIRE in action_set else None  # pressed after a lost life
+    return envs
 
 
 # ---------------------------------------------------------------- network
@@ -295,15 +315,21 @@ class FrameReplayBuffer:
         self.need_start[:] = True  # the envs restart after a resume
 
 
-def store_step(rb: FrameReplayBuffer, obs, actions, reward, next_obs, terminated, truncated, info, lives):
-    """Details 2-4: store (s, a, sign(r), real s', d = game over or lost life). Returns (ended, lives now, flat ids)."""
+def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
+    """(d, life lost) of one vector step (detail 3): d = game over, or under baselines a lost life too. After a
+    game end `lives` is the next game's count, and a game with bonus lives can end above it: compare within a
+    game only (a life lost on a truncation's own step is not visible)."""
+    life_lost = (lives < prev_lives) & ~(terminated | truncated)
+    return terminated | (life_lost & baselines), life_lost
+
+
+def store_step(rb: FrameReplayBuffer, obs, actions, reward, next_obs, terminated, truncated, info, lives, baselines: bool):
+    """Details 2-4: store (s, a, sign(r), real s', d). Returns (ended, lives now, flat ids, life lost)."""
     ended = terminated | truncated
-    # after a game end info["lives"] is the next game's count, and a game with bonus lives can end
-    # above it: compare within a game only (a life lost on a truncation's own step is not visible)
-    life_lost = (info["lives"] < lives) & ~ended
+    done, life_lost = learning_flags(terminated, truncated, info["lives"], lives, baselines)
     next_frame = np.where(ended[:, None, None], info["final_obs"][:, -1], next_obs[:, -1]) if ended.any() else next_obs[:, -1]
-    ids = rb.add(obs[:, -1], actions, np.sign(reward), next_frame, terminated | life_lost, ended)
-    return ended, info["lives"].copy(), ids
+    ids = rb.add(obs[:, -1], actions, np.sign(reward), next_frame, done, ended)
+    return ended, info["lives"].copy(), ids, life_lost
 
 
 def update(q_network: QNetwork, target_network: QNetwork, optimizer, batch, gamma: float, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,10 +374,10 @@ def train(args: Args) -> None:
     if args.eval_only:
         return eval_only(args)
     device, rng = pick_device(args.device), np.random.default_rng(args.seed)  # rng: epsilon-greedy and replay sampling
-    ckpt = require(resume_checkpoint(args, same=("num_envs", "buffer_size")), args.resume, RESUME_KEYS) if args.resume else None
+    ckpt = require(resume_checkpoint(args, same=("num_envs", "buffer_size", "protocol")), args.resume, RESUME_KEYS) if args.resume else None
     global_step, updates = (ckpt["global_step"], ckpt["updates"]) if ckpt else (0, 0)
     horizon = ckpt["exploration_steps"] if ckpt else args.exploration_fraction * args.total_steps  # detail 11
-    envs = make_env(args, args.num_envs)
+    envs, protocol = make_env(args, args.num_envs), resolve_protocol(args.protocol, args.env_id)
     n, n_actions = args.num_envs, int(envs.single_action_space.n)
     q_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
     target_network = QNetwork(n_actions).to(device).to(memory_format=torch.channels_last)
@@ -363,9 +389,9 @@ def train(args: Args) -> None:
             part.load_state_dict(ckpt.pop(key))  # popped: the replay memory then lives in rb only
         set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
     stop = StopSignal()
-    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None, exploration_steps=horizon) as log:
+    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None, exploration_steps=horizon, protocol=protocol) as log:
         obs, info = envs.reset(seed=args.seed + global_step)  # a resumed run restarts the games (detail 10)
-        lives, ep_return, ep_length = info["lives"].copy(), np.zeros(n), np.zeros(n, np.int64)
+        lives, ep_return, ep_length, forced = info["lives"].copy(), np.zeros(n), np.zeros(n, np.int64), np.zeros(n, np.bool_)
         while global_step < args.total_steps and not stop:
             epsilon = linear_schedule(args.start_e, args.end_e, horizon, global_step)
             explore, actions = rng.random(n) < epsilon, rng.integers(0, n_actions, n)
@@ -373,9 +399,11 @@ def train(args: Args) -> None:
                 with torch.inference_mode():
                     greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
                 actions = np.where(explore, actions, greedy)
+            actions = np.where(forced, envs.fire, actions) if forced.any() else actions  # detail 3: stored as taken
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             prev_step, global_step = global_step, global_step + n
-            ended, lives, _ = store_step(rb, obs, actions, reward, next_obs, terminated, truncated, info, lives)
+            ended, lives, _, life_lost = store_step(rb, obs, actions, reward, next_obs, terminated, truncated, info, lives, protocol == "baselines")
+            forced = life_lost & (envs.fire is not None)
             ep_return, ep_length, obs = ep_return + reward, ep_length + 1, next_obs
             for e in np.flatnonzero(ended):
                 log.episode(global_step, ep_return[e], ep_length[e])
@@ -407,7 +435,7 @@ def train(args: Args) -> None:
         if returns is None:  # complete but unevaluated: --resume with the same --total-steps evaluates it
             return log.interrupted(global_step)
         log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
-        log.summary(global_step, returns, updates=updates)
+        log.summary(global_step, returns, updates=updates, protocol=protocol)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -416,13 +444,17 @@ def evaluate(q_network: nn.Module, args: Args, device: torch.device, episodes: i
     With `video_dir`, game 0 is saved there as an mp4 of what the network sees (detail 9)."""
     env = make_env(args, episodes)
     rng = np.random.default_rng(args.seed + 10_000)
-    obs, _ = env.reset(seed=args.seed + 10_000)  # env i gets seed + 10000 + i
+    obs, info = env.reset(seed=args.seed + 10_000)  # env i gets seed + 10000 + i
     returns, running, finished, frames = np.zeros(episodes), np.zeros(episodes), np.zeros(episodes, np.bool_), [obs[0, -1]]
+    forced = np.zeros(episodes, np.bool_)
     while not finished.all() and not stop:
         with torch.inference_mode():
             greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
         actions = np.where(rng.random(episodes) < args.eval_epsilon, rng.integers(0, env.single_action_space.n, episodes), greedy)
+        actions = np.where(forced, env.fire, actions) if forced.any() else actions  # detail 3: FIRE after a lost life
+        lives = info["lives"]
         obs, reward, terminated, truncated, info = env.step(actions)
+        forced = learning_flags(terminated, truncated, info["lives"], lives, False)[1] & (env.fire is not None)
         running += reward * ~finished
         newly = (terminated | truncated) & ~finished
         if video_dir and not finished[0]:  # game 0's newest frame; at its end the real last one, not the next game's first
@@ -437,9 +469,11 @@ def evaluate(q_network: nn.Module, args: Args, device: torch.device, episodes: i
 
 
 def eval_only(args: Args) -> None:
-    """Evaluate --checkpoint with its run's env, seed, frame cap and epsilon: the run's own final evaluation (detail 9)."""
+    """Evaluate --checkpoint with its run's env, seed, frame cap, epsilon and protocol: the run's own final evaluation (detail 9)."""
     ckpt = require(load_checkpoint(args.checkpoint), args.checkpoint, ("n_actions", "q_network"))  # mapped: the replay is never read
-    run, device = replace(args, **{key: ckpt["args"][key] for key in ("env_id", "seed", "max_episode_frames", "eval_epsilon")}), pick_device(args.device)
+    saved = {"protocol": "auto", **ckpt["args"]}  # checkpoints written before --protocol existed
+    run = replace(args, **{key: saved[key] for key in ("env_id", "seed", "max_episode_frames", "eval_epsilon", "protocol")})
+    device = pick_device(args.device)
     q_network = QNetwork(ckpt["n_actions"]).to(device).to(memory_format=torch.channels_last)
     q_network.load_state_dict(ckpt["q_network"])
     run_dir = run_dir_for(args, args.checkpoint)

@@ -1,5 +1,6 @@
 """Tests for algos/dqn_atari.py: the frame-deduplicated replay memory against a naive one that
-stores whole stacks (fake and real env streams), life-loss flags, the TD target and schedules by
+stores whole stacks (fake and real env streams), life-loss flags under both life/FIRE protocols
+(FIRE forced after a lost life in training, evaluation and the real game), the TD target and schedules by
 hand, the forward pass leaving the caller's frames alone, env ids against ale_py's ROMs and
 Gymnasium's registry, resume equivalence on a deterministic game (weights, optimizer, replay, RNG
 and logged metrics as the uninterrupted run), the epsilon horizon kept across a resume, seeding
@@ -99,7 +100,7 @@ def drive(env, buffer, naive, steps, rng):
     for _ in range(steps):
         actions = rng.integers(0, 4, env.n)
         next_obs, reward, terminated, truncated, info = env.step(actions)
-        _, lives, flat = dqn.store_step(buffer, obs, actions, reward, next_obs, terminated, truncated, info, lives)
+        _, lives, flat, _ = dqn.store_step(buffer, obs, actions, reward, next_obs, terminated, truncated, info, lives, True)
         real_next = np.stack([info["final_obs"][e] if terminated[e] or truncated[e] else next_obs[e] for e in range(env.n)])
         # a flat id that is reused now refers to the newer transition
         mapping.update(zip(flat.tolist(), naive.add(obs, actions, np.sign(reward), real_next, terminated | env.life_lost)))
@@ -116,9 +117,10 @@ def test_store_step_marks_only_real_life_losses():
     lives = np.array([4, 3, 3, 1])
     info = {"lives": np.array([3, 2, 4, 3]), "final_obs": final}
     terminated, truncated = np.array([False, False, False, True]), np.array([True, False, False, False])
-    ended, new_lives, ids = dqn.store_step(rb, obs, np.arange(4), np.array([2.0, -3.0, 0.0, 1.0]), next_obs, terminated, truncated, info, lives)
+    ended, new_lives, ids, lost = dqn.store_step(rb, obs, np.arange(4), np.array([2.0, -3.0, 0.0, 1.0]), next_obs, terminated, truncated, info,
+                                                 lives, True)
     s, s_next, a, r, d = rb.get(ids)
-    assert d.tolist() == [False, True, False, True]  # the truncation still bootstraps
+    assert d.tolist() == [False, True, False, True] and lost.tolist() == [False, True, False, False]  # the truncation still bootstraps
     assert ended.tolist() == [True, False, False, True] and new_lives.tolist() == [3, 2, 4, 3]
     assert r.tolist() == [1.0, -1.0, 0.0, 1.0] and a.tolist() == [0, 1, 2, 3]
     np.testing.assert_array_equal(s[:, -1], obs[:, -1])
@@ -197,6 +199,27 @@ def test_buffer_matches_naive_on_real_env_stream():
     assert_same(buffer, naive, mapping, ids.tolist())
 
 
+def test_learning_flags():
+    """d of one vector step under both protocols: a lost life is terminal only under baselines."""
+    term = np.array([False, False, True, False, True])
+    trunc = np.array([False, False, False, True, True])
+    lives = np.array([3, 2, 5, 5, 5])  # env 2-4 ended: lives are the reset game's
+    prev = np.array([3, 3, 1, 2, 1])
+    done, lost = dqn.learning_flags(term, trunc, lives, prev, True)
+    assert done.tolist() == [False, True, True, False, True]  # life loss, game over, truncation bootstraps, both
+    assert lost.tolist() == [False, True, False, False, False]  # a game over is not a lost life
+    done_m, lost_m = dqn.learning_flags(term, trunc, lives, prev, False)  # machado: no life signal
+    assert done_m.tolist() == [False, False, True, False, True] and (lost_m == lost).all()
+
+
+@pytest.mark.parametrize("protocol, env_id, resolved", [
+    ("auto", "BreakoutNoFrameskip-v4", "baselines"), ("auto", "ALE/Breakout-v5", "machado"),
+    ("machado", "BreakoutNoFrameskip-v4", "machado"), ("baselines", "ALE/Pong-v5", "baselines"),
+])
+def test_resolve_protocol(protocol, env_id, resolved):
+    assert dqn.resolve_protocol(protocol, env_id) == resolved
+
+
 # ---------------------------------------------------------------- math, network, env ids
 def test_td_target_and_schedule_by_hand():
     r = torch.tensor([1.0, -1.0, 0.0])
@@ -262,6 +285,7 @@ class FakeGames:
 
     def __init__(self, args, num_envs):
         self.n, self.single_action_space = num_envs, gym.spaces.Discrete(4)
+        self.fire = 1 if dqn.resolve_protocol(args.protocol, args.env_id) == "baselines" else None
 
     def _start(self, e):
         self.t[e], self.stack[e] = 0, 0
@@ -421,6 +445,106 @@ def test_evaluation_gives_way_to_a_stop_signal(fake_games):
     assert dqn.evaluate(dqn.QNetwork(4), dqn.Args(), torch.device("cpu"), 2, stop=[signal.SIGTERM]) is None
 
 
+@pytest.mark.parametrize("protocol", ["baselines", "machado"])
+def test_rollout_forces_fire_after_a_lost_life_into_the_replay(tmp_path, fake_games, protocol):
+    """Each FakeGames game fills 21 replay slots (20 transitions, then its final frame) and loses a life on
+    its 10th step (slot 9). Baselines: d = 1 there, and the next transition (slot 10) is FIRE (1), stored
+    as taken; machado: d = 1 only at the game overs (slot 19) and slot 10 holds the epsilon-greedy action."""
+    dqn.train(dqn.Args(**{**FAST, "learning_starts": 1000, "eval_interval": 0}, start_e=1.0, end_e=1.0, total_steps=100,
+                       protocol=protocol, run_dir=str(tmp_path / "r")))
+    buffer = load(tmp_path / "r" / "checkpoints" / "latest.pt")["buffer"]
+    first, dones, actions = (buffer[key][:105, 0].numpy() for key in ("first", "dones", "actions"))
+    slot = np.arange(105) % 21
+    assert np.flatnonzero(first).tolist() == [0, 21, 42, 63, 84]  # the layout the slots above assume
+    assert np.flatnonzero(dones).tolist() == np.flatnonzero((slot == 19) | (slot == 9) & (protocol == "baselines")).tolist()
+    assert (actions[slot == 10] == 1).all() == (protocol == "baselines")
+    assert len(set(actions[slot < 9].tolist())) > 1  # the other steps are the agent's (here random)
+    assert summary(tmp_path / "r")["protocol"] == protocol
+
+
+class ScriptedGames:
+    """Fake vector env for evaluation: env i loses a life ("life") or ends its game ("term") at the steps
+    in events[i], scoring 1 per step; it records the actions it is given."""
+
+    fire, single_action_space = 1, gym.spaces.Discrete(4)
+
+    def __init__(self, events):
+        self.events, self.steps, self.actions = events, 0, []
+        self.obs, self.lives = np.zeros((len(events), 4, 84, 84), np.uint8), np.full(len(events), 5)
+
+    def reset(self, seed=None):
+        return self.obs, {"lives": self.lives.copy()}
+
+    def step(self, actions):
+        self.steps += 1
+        self.actions.append(actions.copy())
+        kinds = [events.get(self.steps) for events in self.events]
+        self.lives -= np.array([k == "life" for k in kinds])
+        term, trunc = np.array([k == "term" for k in kinds]), np.zeros(len(kinds), np.bool_)
+        return self.obs, np.ones(len(kinds)), term, trunc, {"lives": self.lives.copy(), "final_obs": self.obs}
+
+    def close(self):
+        pass
+
+
+class Noop(torch.nn.Module):
+    """Q-values whose argmax is NOOP (action 0) everywhere."""
+
+    def forward(self, x):
+        return torch.tensor([[1.0, 0.0, 0.0, 0.0]]).expand(len(x), -1)
+
+
+def test_evaluate_presses_fire_after_a_lost_life(monkeypatch):
+    """The step after env 0 loses a life (step 2) presses FIRE (action 1) whatever the greedy policy
+    picks; env 1 never loses one and is never forced."""
+    games = ScriptedGames([{2: "life", 6: "term"}, {6: "term"}])
+    monkeypatch.setattr(dqn, "make_env", lambda args, n: games)
+    assert dqn.evaluate(Noop(), dqn.Args(eval_epsilon=0.0), torch.device("cpu"), 2) == [6.0, 6.0]
+    assert [a.tolist() for a in games.actions] == [[0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("protocol", ["baselines", "machado"])
+def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, monkeypatch):
+    """A greedy NOOP policy on the real game: under baselines FIRE launches the ball at reset and after each
+    of the first 4 lost lives, so all 5 are lost and the game ends; under machado the ball is never launched
+    and the game runs to the frame limit with score 0. (FIRE at reset only would lose one life, then stall.)"""
+    real, fires, ends = dqn.make_env, [], []
+
+    def spy(args, n):
+        env = real(args, n)
+        assert env.fire == (1 if protocol == "baselines" else None)
+        step = env.step
+
+        def recording_step(actions):
+            out = step(actions)
+            fires.append(int(actions[0] == 1))
+            ends.append((bool(out[2][0]), bool(out[3][0])))
+            return out
+
+        env.step = recording_step
+        return env
+
+    monkeypatch.setattr(dqn, "make_env", spy)
+    returns = dqn.evaluate(Noop(), dqn.Args(protocol=protocol, max_episode_frames=20_000, eval_epsilon=0.0), torch.device("cpu"), 1)
+    assert ends[-1] == ((True, False) if protocol == "baselines" else (False, True))
+    assert sum(fires) == (4 if protocol == "baselines" else 0)
+    assert protocol == "baselines" or returns == [0.0]
+
+
+def test_eval_only_plays_the_checkpoints_protocol(tmp_path, monkeypatch, restore_signals):
+    """--eval-only evaluates under the run's --protocol (not the one passed now), and under auto for a
+    checkpoint written before the flag existed."""
+    seen = []
+    monkeypatch.setattr(dqn, "evaluate", lambda q_network, run, *a, **k: seen.append(run.protocol) or [0.0])
+    for name, run_args in (("old", {k: v for k, v in asdict(dqn.Args()).items() if k != "protocol"}), ("new", asdict(dqn.Args(protocol="machado")))):
+        path = tmp_path / name / "latest.pt"
+        path.parent.mkdir()
+        torch.save({"algo": "dqn_atari", "env_id": "BreakoutNoFrameskip-v4", "args": run_args, "n_actions": 4,
+                    "q_network": dqn.QNetwork(4).state_dict(), "global_step": 5}, path)
+        dqn.train(dqn.Args(eval_only=True, checkpoint=str(path), protocol="baselines", device="cpu"))
+    assert seen == ["auto", "machado"]
+
+
 @pytest.mark.slow
 def test_eval_only_takes_env_seed_and_protocol_from_checkpoint(tmp_path, restore_signals):
     """A Pong checkpoint of a seed-7 run, evaluated without --env-id or --seed: the run's own evaluation."""
@@ -544,7 +668,8 @@ def bad_checkpoints(tmp_path_factory):
     torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 10}, d / "other.pt")
 
     def fake(env_id="BreakoutNoFrameskip-v4", num_envs=1, buffer_size=1_000_000, **keys):  # every key present, dummy values
-        return {"algo": "dqn_atari", "harness": 1, "env_id": env_id, "args": {"num_envs": num_envs, "buffer_size": buffer_size}, "global_step": 10,
+        args = {"num_envs": num_envs, "buffer_size": buffer_size, "protocol": "auto"}
+        return {"algo": "dqn_atari", "harness": 1, "env_id": env_id, "args": args, "global_step": 10,
                 **{k: 0 for k in dqn.RESUME_KEYS}, **keys}
     torch.save(fake(env_id="ALE/Pong-v5"), d / "pong.pt")
     torch.save(fake(num_envs=8), d / "eight.pt")
@@ -587,6 +712,7 @@ BAD = [
     ({"resume": "{d}/pong.pt"}, "is for ALE/Pong-v5, not BreakoutNoFrameskip-v4; pass --env-id ALE/Pong-v5"),
     ({"resume": "{d}/eight.pt"}, "was made with --num-envs 8, not 1; pass --num-envs 8"),
     ({"resume": "{d}/eight.pt", "num_envs": 8, "buffer_size": 1000}, "was made with --buffer-size 1000000, not 1000"),
+    ({"resume": "{d}/at10.pt", "protocol": "machado"}, "was made with --protocol auto, not machado; pass --protocol auto"),
     ({"resume": "{d}/incomplete.pt"}, "is incomplete (no q_network, exploration_steps)"),
     ({"eval_only": True, "checkpoint": "{d}/incomplete.pt"}, "is incomplete (no q_network)"),
     ({"resume": "{d}/at10.pt", "total_steps": 5}, "--total-steps 5 is below the checkpoint's step 10"),
