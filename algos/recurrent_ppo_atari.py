@@ -23,24 +23,35 @@ Equations (ppo_atari.py's, with the observation s_t replaced by the memory h_t):
 
 Implementation details:
  1. Environments: ale_py's C++ `AtariVectorEnv`: up to 30 no-ops on reset, frame skip 4 with
-    max-pool, 84x84 grayscale, FIRE on reset, and a stack of `--frame-stack` frames, 1 by default
-    (the memory does the stacking; 4 is RL Zoo's recurrent setting). `<Game>NoFrameskip-v4` ids
+    max-pool, 84x84 grayscale, and a stack of `--frame-stack` frames, 1 by default (the
+    memory does the stacking; 4 is RL Zoo's recurrent setting). `<Game>NoFrameskip-v4` ids
     play without sticky actions, `ALE/<Game>-v5` ids with 0.25 (Machado et al. 2018); games are
     ale_py's ROM list. Autoreset SameStep: the real last observation is in info["final_obs"].
  2. Rewards for learning are sign-clipped; `charts/episodic_return` is the unclipped score of the
     whole game (all lives); `charts/episodic_length` counts agent steps (4 frames each).
- 3. A life loss is terminal for learning and ends the GAE chain, but the game goes on (as
-    ppo_atari.py; no FIRE after a life loss). Time-limit truncation (`--max-episode-frames`)
-    bootstraps from V(final observation), computed with one more LSTM step from the episode's
-    own state (the state after its last step, before the reset).
+ 3. Life and FIRE protocol (`--protocol`; auto = baselines for NoFrameskip-v4, machado for v5),
+    as ppo_atari.py:
+    - baselines (OpenAI baselines / CleanRL's EpisodicLife + FireReset, with which the published
+      NoFrameskip-v4 scores were made): in games with FIRE, FIRE is pressed at reset and, as the
+      next agent step, after each lost life; a lost life ends the GAE chain and is terminal for
+      learning. That forced step is not the policy's choice, so it is left out of the policy
+      loss (`acted` = 0; its value target still trains V); it is recorded as the action taken
+      (its log-probability too, so the replay of detail 7 still matches) and counts as an
+      agent step (one per life).
+    - machado (Machado et al. 2018): no FIRE and no life signal; only a game over is terminal.
+    Neither resets the game at a lost life, so the logged score and evaluation are whole games
+    played under the same protocol. Time-limit truncation (`--max-episode-frames`) bootstraps
+    from V(final observation), computed with one more LSTM step from the episode's own state
+    (the state after its last step, before the reset).
  4. Network: Nature CNN (orthogonal, gain sqrt 2) -> 512 ReLU -> LSTM(512 -> H) -> policy head
     (gain 0.01) and value head (gain 1); LSTM weights orthogonal (gain 1), biases 0, as CleanRL.
     H = `--lstm-hidden-size` 128, as CleanRL's nn.LSTM(512, 128) and RL Zoo. H = 512 costs on
     the CPU: a minibatch of 2 sequences makes each recurrent step a (2 x 512) @ (512 x 2048)
     product that streams 4 MB of weights, and an update took 1.8x the CPU time of H = 128.
  5. Episode starts: start_t = 1 where o_t opens a learning episode: a new game (after a game
-    over or a time-limit cut) or the first frame after a lost life. Acting and training both
-    zero (h, c) there, from the same stored flags, so memory never crosses an episode boundary.
+    over or a time-limit cut) or, under baselines only, the first frame after a lost life
+    (under machado the memory runs through the whole game). Acting and training both zero
+    (h, c) there, from the same stored flags, so memory never crosses an episode boundary.
  6. Sequences: the state (h, c) entering every `--seq-len` L-th step is stored while acting;
     training replays chunks of L steps of one env from their stored state (truncated BPTT, as
     sb3-contrib and Sample Factory). L = `--num-steps` (the default) gives CleanRL's
@@ -64,12 +75,13 @@ Implementation details:
  9. Evaluation as ppo_atari.py: the sampled policy (as the literature's PPO scores), full games
     on separate envs seeded seed + 10_000 + i, actions drawn on the CPU from evaluation's own
     generator (evaluating never moves the training generators). The hidden state is carried
-    across steps and zeroed where training zeroes it: each game's start and each lost life.
-    `eval/capped_games` (`eval_capped_games` in summary.json and eval.json) counts games cut by
-    the frame limit. `--eval-only` takes env, network, seed, frame limit and frame stack from the
+    across steps and zeroed where training zeroes it (detail 5); FIRE is forced after a lost life
+    as in training (detail 3). `eval/capped_games` (`eval_capped_games` in summary.json and
+    eval.json) counts games cut by the frame limit. `--eval-only` takes env, network, seed, frame
+    limit, frame stack and protocol (auto for checkpoints older than --protocol) from the
     checkpoint, so it repeats the run's final evaluation. `--capture-video` records one more
     game (seed + 20_000) with gymnasium's AtariPreprocessing, frames stacked as the vector env
-    stacks them (zero padding).
+    stacks them (zero padding), under the same protocol.
 10. Checkpoints: network, optimizer, iteration, the anneal horizon S and exactly the generators
     drawn from: torch's default one (initialisation, actions; CUDA's on a GPU) and the minibatch
     order's. Not the emulators: a resumed run restarts its games (seeded seed + step), and the
@@ -105,6 +117,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from ale_py import Action
 from ale_py.env import AtariEnv
 from ale_py.roms import get_all_rom_ids
 from ale_py.vector_env import AtariVectorEnv
@@ -116,6 +129,8 @@ from torch.utils.tensorboard import SummaryWriter
 class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """`<Game>NoFrameskip-v4` (no sticky actions) or `ALE/<Game>-v5` (sticky actions 0.25)"""
+    protocol: Literal["auto", "baselines", "machado"] = "auto"
+    """FIRE after a lost life and lives terminal for learning (baselines) or neither (machado); auto: baselines for v4 ids (detail 3)"""
     seed: int = 1
     """seed of python, numpy, torch and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
@@ -139,7 +154,7 @@ class Args:
     eval_interval: int = 0
     """evaluate every this many env steps (0: only at the end)"""
     eval_only: bool = False
-    """only evaluate --checkpoint (its env, network, seed and frame limit), write eval.json and exit"""
+    """only evaluate --checkpoint (its env, network, seed, frame limit and protocol), write eval.json and exit"""
     checkpoint: str | None = None
     """checkpoint to evaluate with --eval-only"""
     capture_video: bool = False
@@ -223,13 +238,21 @@ def atari_protocol(env_id: str) -> tuple[str, float]:
     raise fail(f"{env_id} is not an Atari game; use BreakoutNoFrameskip-v4 or ALE/<Game>-v5")
 
 
-def make_envs(num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int) -> AtariVectorEnv:
+def resolve_protocol(protocol: str, env_id: str) -> str:
+    """The life and FIRE protocol of detail 3: `auto` follows the id's literature."""
+    return protocol if protocol != "auto" else "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
+
+
+def make_envs(num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int, baselines: bool) -> AtariVectorEnv:
     # Raw rewards (clipped here, to keep the score) and no life-loss episodes (read from
     # info["lives"]), so a game over can be told apart from a life loss.
-    return AtariVectorEnv(
+    envs = AtariVectorEnv(
         game, num_envs, repeat_action_probability=sticky, max_num_frames_per_episode=max_frames, stack_num=frame_stack,
-        reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep",
+        reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep", use_fire_reset=baselines,
     )
+    action_set = list(envs.ale.get_action_set())
+    envs.fire = action_set.index(Action.FIRE) if baselines and Action.FIRE in action_set else None  # pressed after a lost life
+    return envs
 
 
 # ---------------------------------------------------------------- network
@@ -277,12 +300,13 @@ class Agent(nn.Module):
 
 
 # ---------------------------------------------------------------- PPO math
-def learning_flags(terminated, truncated, lives, prev_lives):
-    """(terminal, truncation) for learning from one vector step (numpy bool arrays). A life loss is
-    terminal for learning only (the game goes on). After a game ends, `lives` is that of the freshly reset
-    game, so it is compared only where no episode ended. A game over at the time limit is terminal."""
+def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
+    """(terminal, truncation, life lost) for learning from one vector step (numpy bool arrays). Under the
+    baselines protocol a life loss is terminal for learning only (the game goes on). After a game ends,
+    `lives` is that of the freshly reset game, so it is compared only where no episode ended. A game over
+    at the time limit is terminal."""
     life_lost = (lives < prev_lives) & ~(terminated | truncated)
-    return terminated | life_lost, truncated & ~terminated
+    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
 
 
 def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tensor:
@@ -313,11 +337,13 @@ def gae(rewards, values, next_value, terminals, truncations, truncation_values, 
     return advantages, advantages + values
 
 
-def ppo_losses(new_logprob, old_logprob, advantages, new_value, old_value, returns, clip_coef: float, clip_vloss: bool):
-    """Clipped surrogate policy loss (-L_clip), value loss L_V, approx KL, clip fraction."""
+def ppo_losses(new_logprob, old_logprob, advantages, new_value, old_value, returns, clip_coef: float, clip_vloss: bool, acted=None):
+    """Clipped surrogate policy loss (-L_clip) averaged over the steps the policy chose (`acted`, 1.0 or 0.0:
+    detail 3's forced FIRE is 0), value loss L_V, approx KL, clip fraction."""
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    acted = torch.ones_like(ratio) if acted is None else acted
+    pg_loss = (torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)) * acted).sum() / acted.sum().clamp(min=1)
     if clip_vloss:
         v_clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((new_value - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -338,14 +364,14 @@ class Rollout:
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
         self.logprobs, self.values, self.trunc_values = (torch.zeros((T, N), device=device) for _ in range(3))
         # rewards and flags are born in numpy: kept on the host, moved once per rollout
-        self.rewards, self.terminals, self.truncations, self.starts = (np.zeros((T, N), np.float32) for _ in range(4))
+        self.rewards, self.terminals, self.truncations, self.starts, self.acted = (np.zeros((T, N), np.float32) for _ in range(5))
         # (h, c) entering the first step of each chunk of seq_len steps: where its replay starts (detail 6)
         self.h0, self.c0 = (torch.zeros((T // seq_len, N, hidden_size), device=device) for _ in range(2))
 
     def restart(self, obs_np: np.ndarray, lives: np.ndarray, agent: Agent) -> None:
         """Fresh games (a new or resumed run): every env's next step starts an episode from a zero state."""
         self.next_obs = torch.from_numpy(obs_np).to(self.obs.device)
-        self.next_start = np.ones(len(lives), np.float32)
+        self.next_start, self.forced = np.ones(len(lives), np.float32), np.zeros(len(lives), bool)
         self.state = agent.initial_state(len(lives), self.obs.device)
         self.lives, self.score, self.length = lives, np.zeros(len(lives)), np.zeros(len(lives), np.int64)
 
@@ -356,7 +382,7 @@ class Rollout:
 
 
 @torch.inference_mode()
-def collect(agent: Agent, envs, ro: Rollout, global_step: int, log) -> int:
+def collect(agent: Agent, envs, ro: Rollout, global_step: int, log, baselines: bool) -> int:
     """Fill `ro` with one rollout of every env, acting one step at a time; returns the new step count."""
     (T, N), device, seq_len = ro.rewards.shape, ro.obs.device, ro.obs.shape[0] // ro.h0.shape[0]
     for t in range(T):
@@ -366,10 +392,13 @@ def collect(agent: Agent, envs, ro: Rollout, global_step: int, log) -> int:
         logits, value, ro.state = agent(ro.next_obs[None], ro.state, torch.from_numpy(ro.next_start).to(device)[None])
         dist = Categorical(logits=logits[0], validate_args=False)  # NaN weights are caught after the update
         action = dist.sample()
-        ro.actions[t], ro.logprobs[t], ro.values[t] = action, dist.log_prob(action), value[0]
+        if ro.forced.any():  # detail 3: FIRE after a lost life, not the policy's choice
+            action[torch.from_numpy(ro.forced).to(device)] = envs.fire
+        ro.actions[t], ro.logprobs[t], ro.values[t], ro.acted[t] = action, dist.log_prob(action), value[0], ~ro.forced
         obs_np, reward, term, trunc, info = envs.step(action.cpu().numpy())
         global_step += N
-        terminal, cut = learning_flags(term, trunc, info["lives"], ro.lives)
+        terminal, cut, lost = learning_flags(term, trunc, info["lives"], ro.lives, baselines)
+        ro.forced = lost & (envs.fire is not None)
         ro.trunc_values[t] = bootstrap_values(agent, info.get("final_obs"), cut, ro.state, device)
         ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut  # clipped (Mnih 2015)
         ro.next_start = (terminal | cut).astype(np.float32)  # detail 5
@@ -385,8 +414,8 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args
     """`--update-epochs` epochs of clipped-PPO steps on minibatches of whole sequences (details 6-7).
     Returns the last minibatch's losses, the epochs' mean clip fraction, the explained variance and the total loss."""
     device = ro.obs.device
-    obs, actions, old_logprobs, old_values, b_adv, b_returns, starts = (ro.sequences(x) for x in (
-        ro.obs, ro.actions, ro.logprobs, ro.values, advantages, returns, torch.from_numpy(ro.starts).to(device)))
+    obs, actions, old_logprobs, old_values, b_adv, b_returns, starts, acted = (ro.sequences(x) for x in (
+        ro.obs, ro.actions, ro.logprobs, ro.values, advantages, returns, *(torch.from_numpy(f).to(device) for f in (ro.starts, ro.acted))))
     h0, c0 = ro.h0.flatten(0, 1), ro.c0.flatten(0, 1)
     num_seqs, clipfracs = h0.shape[0], []
     for epoch in range(args.update_epochs):
@@ -397,8 +426,8 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args
             mb_adv = b_adv[:, mb]
             if args.norm_adv:
                 mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-            pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(new_logprob, old_logprobs[:, mb], mb_adv, new_value,
-                                                              old_values[:, mb], b_returns[:, mb], args.clip_coef, args.clip_vloss)
+            pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(new_logprob, old_logprobs[:, mb], mb_adv, new_value, old_values[:, mb],
+                                                              b_returns[:, mb], args.clip_coef, args.clip_vloss, acted[:, mb])
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -439,14 +468,15 @@ def train(args: Args) -> None:
     game, sticky = atari_protocol(args.env_id)
     device = pick_device(args.device)
     seed_everything(args.seed, args.torch_deterministic)
-    ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "seq_len", "frame_stack", "lstm_hidden_size")) if args.resume else None
+    ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "seq_len", "frame_stack", "lstm_hidden_size", "protocol")) if args.resume else None
     num_iterations = args.total_steps // (N * T)
     horizon = args.schedule_steps if args.schedule_steps is not None else ckpt["schedule_steps"] if ckpt else num_iterations * N * T
     if args.anneal_lr and horizon < num_iterations * N * T:  # detail 8
         raise fail(f"--total-steps {args.total_steps} runs past the learning-rate anneal, which reaches 0 at step {horizon} "
                    f"({'set by --schedule-steps' if args.schedule_steps is not None else 'the schedule of the checkpoint'}); "
                    f"pass --schedule-steps {num_iterations * N * T} (or more) to re-plan it, or --no-anneal-lr")
-    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack)
+    protocol = resolve_protocol(args.protocol, args.env_id)
+    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack, baselines=protocol == "baselines")
     envs = make_envs(N, **atari)
     agent = Agent(int(envs.single_action_space.n), args.frame_stack, args.lstm_hidden_size).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
@@ -461,12 +491,12 @@ def train(args: Args) -> None:
     ro.restart(obs_np, info["lives"], agent)
     stop = StopSignal()
     with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None,
-                   resolved_device=str(device), game=game, repeat_action_probability=sticky) as log:
+                   resolved_device=str(device), game=game, repeat_action_probability=sticky, protocol=protocol) as log:
         while iteration < num_iterations and not stop:
             iteration += 1
             lr = args.learning_rate * (1.0 - global_step / horizon) if args.anneal_lr else args.learning_rate  # detail 8
             optimizer.param_groups[0]["lr"] = lr
-            prev_step, global_step = global_step, collect(agent, envs, ro, global_step, log)
+            prev_step, global_step = global_step, collect(agent, envs, ro, global_step, log, atari["baselines"])
             with torch.inference_mode():
                 next_value = agent(ro.next_obs[None], ro.state, torch.from_numpy(ro.next_start).to(device)[None])[1][0]
                 rewards, terminals, truncations = (torch.from_numpy(x).to(device) for x in (ro.rewards, ro.terminals, ro.truncations))
@@ -493,7 +523,7 @@ def train(args: Args) -> None:
         if stop:
             return log.interrupted(global_step)
         log.scalars(global_step, {"eval/episodic_return": np.mean(scores), "eval/capped_games": capped})
-        log.summary(global_step, scores, eval_capped_games=capped, game=game, repeat_action_probability=sticky)
+        log.summary(global_step, scores, eval_capped_games=capped, game=game, repeat_action_probability=sticky, protocol=protocol)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -511,14 +541,18 @@ def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=N
     generator = torch.Generator().manual_seed(seed)
     state, start, lives = agent.initial_state(episodes, device), np.ones(episodes, np.float32), info["lives"]
     scores, finished, capped = np.zeros(episodes), np.zeros(episodes, dtype=bool), np.zeros(episodes, dtype=bool)
+    forced = np.zeros(episodes, dtype=bool)
     while not finished.all() and not stop:
         logits, _, state = agent(torch.from_numpy(obs).to(device)[None], state, torch.from_numpy(start).to(device)[None])
-        obs, reward, term, trunc, info = envs.step(sample_actions(logits[0], generator))
+        actions = sample_actions(logits[0], generator)
+        if forced.any():  # detail 3 (baselines: FIRE after a lost life; never under machado)
+            actions[forced] = envs.fire
+        obs, reward, term, trunc, info = envs.step(actions)
         scores += reward * ~finished  # games that ended keep running; ignore them
         capped |= trunc & ~term & ~finished
         finished |= term | trunc
-        terminal, cut = learning_flags(term, trunc, info["lives"], lives)  # the memory resets as in training
-        start, lives = (terminal | cut).astype(np.float32), info["lives"]
+        terminal, cut, lost = learning_flags(term, trunc, info["lives"], lives, atari["baselines"])  # the memory resets as in training
+        start, lives, forced = (terminal | cut).astype(np.float32), info["lives"], lost & (envs.fire is not None)
     envs.close()
     return scores.tolist(), int(capped.sum())
 
@@ -526,34 +560,39 @@ def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=N
 @torch.inference_mode()
 def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) -> float:
     """One game of the sampled policy rendered to mp4 (AtariVectorEnv cannot render). Frames are
-    stacked as the vector env stacks them: zero padding, the first real frame the one after FIRE;
-    the memory is zeroed at the start and after each lost life, as in training."""
+    stacked as the vector env stacks them: zero padding, the first real frame the one after FIRE (baselines);
+    the memory is zeroed and FIRE forced as in training (details 3 and 5)."""
     env = AtariEnv(game=atari["game"], frameskip=1, repeat_action_probability=atari["sticky"], render_mode="rgb_array",
                    max_num_frames_per_episode=atari["max_frames"])
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
     env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
     frame, info = env.reset(seed=seed)
     meanings = env.unwrapped.get_action_meanings()
-    if "FIRE" in meanings:  # as use_fire_reset in the vector env
-        frame, _, _, _, info = env.step(meanings.index("FIRE"))
+    fire = meanings.index("FIRE") if atari["baselines"] and "FIRE" in meanings else None  # detail 3
+    if fire is not None:  # as use_fire_reset in the vector env
+        frame, _, _, _, info = env.step(fire)
     stack = np.zeros((1, atari["frame_stack"], 84, 84), dtype=np.uint8)
-    generator, score, done = torch.Generator().manual_seed(seed), 0.0, False
+    generator, score, done, forced = torch.Generator().manual_seed(seed), 0.0, False, False
     state, start, lives = agent.initial_state(1, device), 1.0, info["lives"]
     while not done:
         stack = np.concatenate([stack[:, 1:], frame[None, None]], axis=1)
         logits, _, state = agent(torch.from_numpy(stack).to(device)[None], state, torch.full((1, 1), start, device=device))
-        frame, reward, term, trunc, info = env.step(int(sample_actions(logits[0], generator)[0]))
-        score, done, start, lives = score + float(reward), term or trunc, float(info["lives"] < lives), info["lives"]
+        action = int(sample_actions(logits[0], generator)[0])
+        frame, reward, term, trunc, info = env.step(fire if forced else action)
+        lost = info["lives"] < lives and not (term or trunc)
+        score, done, start, lives = score + float(reward), term or trunc, float(lost and atari["baselines"]), info["lives"]
+        forced = lost and fire is not None
     env.close()
     return score
 
 
 def eval_only(args: Args) -> None:
-    """Evaluate --checkpoint with its own env, network, seed, frame limit and frame stack: it repeats the run's final evaluation."""
+    """Evaluate --checkpoint with its own env, network, seed, frame limit, frame stack and protocol: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    run = ckpt["args"]
+    run = {"protocol": "auto", **ckpt["args"]}  # checkpoints written before --protocol existed
     game, sticky = atari_protocol(ckpt["env_id"])
-    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"])
+    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"],
+                 baselines=resolve_protocol(run["protocol"], ckpt["env_id"]) == "baselines")
     agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"], run["lstm_hidden_size"]).to(device, memory_format=torch.channels_last)
     agent.load_state_dict(ckpt["agent"])
     returns, capped = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device)

@@ -7,7 +7,8 @@ the acting path against an independent per-env, per-step loop (including V(final
 truncation); a reset at an episode start equals a fresh sequence from there, with one nn.LSTM call
 per span. A scripted fake of AtariVectorEnv (SameStep autoreset) drives these and the in-process
 runs: resume equivalence (same weights and metrics as the uninterrupted run), the non-finite-loss
-stop, evaluation (capped games, its own RNG). Tiny runs on the real emulator by subprocess: outputs,
+stop, evaluation (capped games, its own RNG). The life/FIRE protocols: FIRE forced after a lost life
+under baselines (masked out of the policy loss, in evaluation, on the real game), neither under machado. Tiny runs on the real emulator by subprocess: outputs,
 determinism with a different-seed control, copy-alone on a v5 id with --frame-stack 4, eval-only
 with video. Every bad-input message. (The CUDA test lives with the lead's cross-file CUDA tests.)
 """
@@ -44,10 +45,10 @@ class FakeAtari:
     the same frames; `events(c, i)` names what ends with env i's step from clock c:
     "life" (a life lost, the game goes on), "over" (game over) or "cut" (time limit)."""
 
-    def __init__(self, num_envs, frame_stack, events, clock=lambda seed: 0, sigterm_at=None):
+    def __init__(self, num_envs, frame_stack, events, clock=lambda seed: 0, sigterm_at=None, fire=1):
         self.num_envs, self.frame_stack, self.events, self.clock = num_envs, frame_stack, events, clock
-        self.single_action_space = gym.spaces.Discrete(4)
-        self.sigterm_at, self.calls, self.finals = sigterm_at, 0, {}
+        self.single_action_space, self.fire = gym.spaces.Discrete(4), fire
+        self.sigterm_at, self.calls, self.finals, self.taken = sigterm_at, 0, {}, []
 
     def frames(self, final=0):
         return np.stack([np.random.default_rng([self.c, i, final]).integers(0, 256, (self.frame_stack, 84, 84), dtype=np.uint8)
@@ -59,6 +60,7 @@ class FakeAtari:
 
     def step(self, actions):
         self.calls += 1
+        self.taken.append(np.array(actions))
         if self.calls == self.sigterm_at:
             signal.raise_signal(signal.SIGTERM)
         events = [self.events(self.c, i) for i in range(self.num_envs)]
@@ -80,7 +82,8 @@ class FakeAtari:
 
 # env 0: life lost at step 3, time limit at 10, game over at 17; env 1: game over at 5, life lost at 12, time limit at 20
 SCRIPTED = {(3, 0): "life", (10, 0): "cut", (17, 0): "over", (5, 1): "over", (12, 1): "life", (20, 1): "cut"}
-EXPECTED_STARTS = {(0, 0), (0, 1), (4, 0), (11, 0), (18, 0), (6, 1), (13, 1), (21, 1)}
+AFTER_LIFE = {(4, 0), (13, 1)}  # baselines: episode starts, and FIRE forced there
+EXPECTED_STARTS = {(0, 0), (0, 1), (11, 0), (18, 0), (6, 1), (21, 1)} | AFTER_LIFE
 
 
 class NoLog:
@@ -88,17 +91,17 @@ class NoLog:
         pass
 
 
-def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1):
+def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1, baselines=True):
     torch.manual_seed(0)
     agent = rppo.Agent(4, frame_stack, hidden)
     with torch.no_grad():  # a livelier memory than at init, so a missed reset would show
         agent.lstm.weight_hh_l0.mul_(3.0)
         agent.actor.weight.mul_(100.0)
-    envs = FakeAtari(2, frame_stack, lambda c, i: SCRIPTED.get((c, i)))
+    envs = FakeAtari(2, frame_stack, lambda c, i: SCRIPTED.get((c, i)), fire=1 if baselines else None)
     ro = rppo.Rollout(T, 2, seq_len, frame_stack, hidden, torch.device("cpu"))
     obs, info = envs.reset(seed=0)
     ro.restart(obs, info["lives"], agent)
-    assert rppo.collect(agent, envs, ro, 0, NoLog()) == 2 * T
+    assert rppo.collect(agent, envs, ro, 0, NoLog(), baselines) == 2 * T
     return agent, envs, ro
 
 
@@ -139,14 +142,16 @@ def test_acting_matches_a_per_env_per_step_loop():
 
 
 @pytest.mark.parametrize("seq_len", [24, 8])
-def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, monkeypatch):
+@pytest.mark.parametrize("baselines", [True, False])
+def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, baselines, monkeypatch):
     """`update` with a zero learning rate: every minibatch sees the log-probs and values recorded
-    while acting. With 8-step chunks, episode starts fall inside chunks (steps 4, 6, 11, 13, 18, 21)."""
-    agent, _, ro = scripted_rollout(seq_len)
+    while acting. With 8-step chunks, episode starts fall inside chunks (steps 4, 6, 11, 13, 18, 21;
+    under machado not 4 and 13, the lost lives, where baselines also forces FIRE)."""
+    agent, _, ro = scripted_rollout(seq_len, baselines=baselines)
     seen, real = [], rppo.ppo_losses
 
     def spy(new_logprob, old_logprob, adv, new_value, old_value, *rest):
-        seen.append((new_logprob.detach().clone(), old_logprob, new_value.detach().clone(), old_value))
+        seen.append((new_logprob.detach().clone(), old_logprob, new_value.detach().clone(), old_value, rest[-1]))
         return real(new_logprob, old_logprob, adv, new_value, old_value, *rest)
 
     monkeypatch.setattr(rppo, "ppo_losses", spy)
@@ -155,15 +160,42 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, monk
     zeros = torch.zeros(24, 2)
     rppo.update(agent, optimizer, ro, zeros, zeros, args, torch.Generator().manual_seed(0))
     assert len(seen) == 4 and seen[0][0].shape == (seq_len, 48 // seq_len // 2)
-    for new_logprob, old_logprob, new_value, old_value in seen:
+    for new_logprob, old_logprob, new_value, old_value, _ in seen:
         torch.testing.assert_close(new_logprob, old_logprob, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(new_value, old_value, rtol=1e-5, atol=1e-5)
+    # the loss gets the acted mask: one epoch's minibatches hold the 2 forced steps (baselines) or none
+    assert sum(int((acted == 0).sum()) for *_, acted in seen[:2]) == (2 if baselines else 0)
     # and all sequences at once, against the rollout's own layout
     with torch.no_grad():
         logits, values, _ = agent(ro.sequences(ro.obs), (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
                                   ro.sequences(torch.from_numpy(ro.starts)))
     torch.testing.assert_close(Categorical(logits=logits).log_prob(ro.sequences(ro.actions)), ro.sequences(ro.logprobs), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(values, ro.sequences(ro.values), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("baselines", [True, False])
+def test_rollout_forces_fire_after_a_lost_life_and_masks_it(baselines):
+    """Baselines: the step after each lost life is FIRE (1), given to the env and recorded as taken, with
+    acted = 0 (out of the policy loss) and an episode start; machado: nothing forced, and a lost life is
+    neither terminal nor an episode start for the memory."""
+    _, envs, ro = scripted_rollout(seq_len=8, baselines=baselines)
+    forced = AFTER_LIFE if baselines else set()
+    assert {(t, n) for t, n in zip(*np.nonzero(ro.acted == 0))} == forced
+    assert all(ro.actions[t, n] == 1 and envs.taken[t][n] == 1 for t, n in forced)
+    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS - (set() if baselines else AFTER_LIFE)
+    assert ro.terminals[:, 0].nonzero()[0].tolist() == ([3, 17] if baselines else [17])
+    assert ro.terminals[:, 1].nonzero()[0].tolist() == ([5, 12] if baselines else [5])
+
+
+def test_ppo_losses_leave_forced_steps_out_of_the_policy_loss():
+    """ratio 1: the clipped surrogate is -A per step; acted = (1, 0, 1) averages steps 0 and 2 only, and the
+    value loss still covers all three."""
+    t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
+    logp, adv, values, returns = t([-1.0, -2.0, -0.5]), t([1.0, 5.0, 2.0]), t([0.0, 1.0, 2.0]), t([1.0, 1.0, 0.0])
+    pg, vl, _, _ = rppo.ppo_losses(logp, logp, adv, values, values, returns, 0.1, False)
+    pg_m, vl_m, _, _ = rppo.ppo_losses(logp, logp, adv, values, values, returns, 0.1, False, t([1.0, 0.0, 1.0]))
+    assert pg.item() == pytest.approx(-8.0 / 3) and pg_m.item() == pytest.approx(-1.5)
+    assert vl.item() == vl_m.item() == pytest.approx(0.5 * (1 + 0 + 4) / 3)
 
 
 def test_replay_without_the_resets_would_differ():
@@ -221,8 +253,20 @@ def test_gae_hand_computed_with_life_loss_and_truncation():
 
 def test_learning_flags():
     term, trunc = np.array([False, False, True, False, True]), np.array([False, False, False, True, True])
-    terminal, cut = rppo.learning_flags(term, trunc, np.array([3, 2, 5, 5, 5]), np.array([3, 3, 1, 2, 1]))
+    lives, prev = np.array([3, 2, 5, 5, 5]), np.array([3, 3, 1, 2, 1])  # env 2-4 ended: lives are the reset game's
+    terminal, cut, lost = rppo.learning_flags(term, trunc, lives, prev, True)
     assert terminal.tolist() == [False, True, True, False, True] and cut.tolist() == [False, False, False, True, False]
+    assert lost.tolist() == [False, True, False, False, False]  # a game over is not a lost life
+    terminal_m, cut_m, lost_m = rppo.learning_flags(term, trunc, lives, prev, False)  # machado: no life signal
+    assert terminal_m.tolist() == [False, False, True, False, True] and (cut_m == cut).all() and (lost_m == lost).all()
+
+
+@pytest.mark.parametrize("protocol, env_id, resolved", [
+    ("auto", "BreakoutNoFrameskip-v4", "baselines"), ("auto", "ALE/Breakout-v5", "machado"),
+    ("machado", "BreakoutNoFrameskip-v4", "machado"), ("baselines", "ALE/Pong-v5", "baselines"),
+])
+def test_resolve_protocol(protocol, env_id, resolved):
+    assert rppo.resolve_protocol(protocol, env_id) == resolved
 
 
 def test_orthogonal_lstm_zero_biases_and_frame_stack():
@@ -249,13 +293,46 @@ def test_evaluate_counts_capped_games_resets_memory_and_keeps_training_rng(monke
     torch.manual_seed(0)
     agent, before = rppo.Agent(4, 1, 8), torch.get_rng_state()
     agent.register_forward_hook(lambda module, inputs, output: starts.append(inputs[2][0].tolist()))
-    atari = dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1)
+    atari = dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1, baselines=True)
     scores, capped = rppo.evaluate(agent, atari, 3, 10_001, "cpu")
     assert capped == 1 and made[0].c == 7  # the games end at steps 4 (cut), 6 and 1
     assert [s[1] for s in starts] == [1, 0, 0, 1, 0, 0, 0]  # env 1: a new game, then a lost life after step 2
     assert starts[5][0] == 1 and starts[2][2] == 1  # env 0 after its cut, env 2 after its game over
     assert torch.equal(torch.get_rng_state(), before)
     assert rppo.evaluate(agent, atari, 3, 10_001, "cpu") == (scores, capped)
+
+
+class NoopPolicy(torch.nn.Module):
+    """The Agent interface with a policy that always samples NOOP (action 0)."""
+
+    def initial_state(self, batch, device):
+        return torch.zeros(1, batch, 1), torch.zeros(1, batch, 1)
+
+    def forward(self, obs, state, starts):
+        return torch.tensor([0.0, -1e9, -1e9, -1e9]).expand(*starts.shape, 4), torch.zeros(starts.shape), state
+
+
+def test_evaluate_presses_fire_after_a_lost_life(monkeypatch):
+    """The step after env 0 loses a life (its 2nd step) presses FIRE (action 1) whatever the policy samples;
+    env 1 never loses one and is never forced."""
+    events, made = {(1, 0): "life", (5, 0): "over", (5, 1): "over"}, []
+    monkeypatch.setattr(rppo, "make_envs", lambda n, **atari: made.append(FakeAtari(n, 1, lambda c, i: events.get((c, i)))) or made[-1])
+    rppo.evaluate(NoopPolicy(), dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1, baselines=True), 2, 10_001, "cpu")
+    assert [a.tolist() for a in made[0].taken] == [[0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("protocol, ended", [("baselines", True), ("machado", False)])
+def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, ended):
+    """A policy that only presses NOOP on the real game: under baselines FIRE launches the ball at reset and
+    after every lost life, so all 5 lives are lost and the game ends; under machado the ball is never
+    launched and the game runs to the frame limit with score 0. (FIRE at reset only would lose one life, then stall.)"""
+    atari = dict(game="breakout", sticky=0.0, max_frames=20_000, frame_stack=1, baselines=protocol == "baselines")
+    envs = rppo.make_envs(1, **atari)
+    assert envs.fire == (1 if ended else None)
+    envs.close()
+    scores, capped = rppo.evaluate(NoopPolicy(), atari, 1, 10_001, "cpu")
+    assert capped == (0 if ended else 1)
+    assert ended or scores == [0.0]
 
 
 # ------------------------------------------------------------------ in process on the fake env
@@ -265,8 +342,8 @@ def periodic(c, i):
 
 def fake_factory(sigterm_at=None):
     """make_envs stand-in: clock = step count / 2 envs, so a resumed run (reset seeded seed + step) sees the same frames."""
-    return lambda n, game, sticky, max_frames, frame_stack: FakeAtari(n, frame_stack, periodic, lambda seed: (seed - 1) // 2,
-                                                                      sigterm_at if n == 2 else None)
+    return lambda n, game, sticky, max_frames, frame_stack, baselines: FakeAtari(
+        n, frame_stack, periodic, lambda seed: (seed - 1) // 2, sigterm_at if n == 2 else None, 1 if baselines else None)
 
 
 FAKE_ARGS = dict(num_envs=2, num_steps=32, seq_len=8, num_minibatches=2, update_epochs=2, eval_episodes=1,
@@ -355,6 +432,7 @@ def test_checkpoint_refusals(tmp_path):
     rppo.save_checkpoint(path, args, 64, {"agent": {}})
     for kwargs, fragment in [(dict(seq_len=16), "was made with --seq-len 8, not 16; pass --seq-len 8"),
                              (dict(seq_len=8, frame_stack=4), "--frame-stack 1, not 4"),
+                             (dict(seq_len=8, protocol="machado"), "was made with --protocol auto, not machado; pass --protocol auto"),
                              (dict(seq_len=8, env_id="ALE/Pong-v5"), "is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"),
                              (dict(seq_len=8, num_steps=16, total_steps=32), "--total-steps 32 is below the checkpoint's step 64")]:
         with pytest.raises(SystemExit, match=fragment.replace("(", r"\(").replace(")", r"\)")):
