@@ -638,9 +638,10 @@ def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
     if args.total_steps < ckpt["global_step"]:
         raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
     for key in same:
-        if ckpt["args"].get(key) != getattr(args, key):
-            flag = "--" + key.replace("_", "-")
-            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
+        if theirs != getattr(args, key):  # an older checkpoint may lack a flag added since: say so, no KeyError
+            made = f"was made with {flag} {theirs}, not {getattr(args, key)}; pass {flag} {theirs}" if key in ckpt["args"] else f"predates {flag}; continue it with the {SCRIPT} that wrote it"
+            raise fail(f"checkpoint {args.resume} {made}")
     return ckpt
 
 

@@ -21,17 +21,22 @@ Implementation details:
  1. Environments: ale_py's C++ `AtariVectorEnv` (threads), standard preprocessing: up to 30
     no-ops on reset, frame skip 4 with max-pool, 84x84 grayscale, a stack of `--frame-stack`
     frames (4; 1 is the memoryless baseline of recurrent PPO) padded with zero frames after a
-    reset, FIRE on reset. `<Game>NoFrameskip-v4` -> no sticky actions (DQN/PPO literature
-    protocol); `ALE/<Game>-v5` -> sticky actions 0.25 (Machado et al. 2018). <Game> is any ROM
+    reset. `<Game>NoFrameskip-v4` -> no sticky actions (DQN/PPO literature); `ALE/<Game>-v5` ->
+    sticky actions 0.25 (Machado et al. 2018). <Game> is any ROM
     ale_py ships, named as Gymnasium names it (ms_pacman -> MsPacman, pitfall2 -> Pitfall2,
     tic_tac_toe_3d -> TicTacToe3D). Other ids are refused.
  2. Rewards for learning are sign-clipped; `charts/episodic_return` is the unclipped score of
     the whole game (all lives), comparable with published numbers. `charts/episodic_length`
     counts agent steps (each is 4 frames).
- 3. A life loss ends the GAE chain and is terminal for learning (as CleanRL's EpisodicLifeEnv),
-    but the environment is not reset, so the score is the full game's. Deviation: unlike CleanRL's
-    EpisodicLife+FireReset, FIRE is not pressed after a life loss (only when a game resets); the
-    agent learns it, so Breakout's early curve may lag CleanRL's.
+ 3. Life and FIRE protocol (`--protocol`; auto = baselines for NoFrameskip-v4, machado for v5):
+    - baselines (OpenAI baselines / CleanRL's EpisodicLife + FireReset, with which the published
+      NoFrameskip-v4 scores were made): in games with FIRE, FIRE is pressed at reset and, as the
+      next agent step, after each lost life; a lost life ends the GAE chain and is terminal for
+      learning. That forced step is not the policy's choice, so it is left out of the policy loss
+      (its value target still trains V); it counts as an agent step (one per life).
+    - machado (Machado et al. 2018): no FIRE and no life signal; only a game over is terminal.
+    Neither resets the game at a lost life, so the logged score and evaluation are whole games
+    played under the same protocol.
  4. Time-limit truncation (`--max-episode-frames`, 108,000 frames = 30 min) bootstraps from
     V(final observation). Deviation from CleanRL, which treats it as terminal (its issue #198).
     Autoreset mode is SameStep: the step that ends an episode returns the reset observation and
@@ -95,6 +100,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from ale_py import Action
 from ale_py.env import AtariEnv
 from ale_py.roms import get_all_rom_ids
 from ale_py.vector_env import AtariVectorEnv
@@ -106,6 +112,8 @@ from torch.utils.tensorboard import SummaryWriter
 class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """`<Game>NoFrameskip-v4` (no sticky actions) or `ALE/<Game>-v5` (sticky actions 0.25)"""
+    protocol: Literal["auto", "baselines", "machado"] = "auto"
+    """FIRE after a lost life and lives terminal for learning (baselines) or neither (machado); auto: baselines for v4 ids (detail 3)"""
     seed: int = 1
     """seed of torch and the environments (--eval-only: the checkpoint's)"""
     total_steps: int = 10_000_000
@@ -210,13 +218,21 @@ def atari_protocol(env_id: str) -> tuple[str, float]:
     raise fail(f"{env_id} is not an Atari game; use BreakoutNoFrameskip-v4 or ALE/<Game>-v5")
 
 
-def make_envs(num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int) -> AtariVectorEnv:
+def resolve_protocol(protocol: str, env_id: str) -> str:
+    """The life and FIRE protocol of detail 3: `auto` follows the id's literature."""
+    return protocol if protocol != "auto" else "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
+
+
+def make_envs(num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int, baselines: bool) -> AtariVectorEnv:
     # Raw rewards (we clip ourselves to keep the score) and no life-loss episodes (detected from
     # info["lives"]), so a game over can be told apart from a life loss.
-    return AtariVectorEnv(
+    envs = AtariVectorEnv(
         game, num_envs, repeat_action_probability=sticky, max_num_frames_per_episode=max_frames, stack_num=frame_stack,
-        reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep",
+        reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep", use_fire_reset=baselines,
     )
+    action_set = list(envs.ale.get_action_set())
+    envs.fire = action_set.index(Action.FIRE) if baselines and Action.FIRE in action_set else None  # pressed after a lost life
+    return envs
 
 
 # ---------------------------------------------------------------- network
@@ -256,25 +272,26 @@ def sample_actions(agent: Agent, obs: np.ndarray, device, generator: torch.Gener
 
 
 # ---------------------------------------------------------------- PPO math
-def learning_flags(terminated, truncated, lives, prev_lives):
-    """(terminal, truncation) for learning from one vector step (numpy bool arrays). A life loss is
-    terminal for learning only (the game goes on). After a game ends, `lives` is that of the freshly reset
-    game, so it is compared only where no episode ended. A game over at the time limit is terminal."""
+def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
+    """(terminal, truncation, life lost) for learning from one vector step (numpy bool arrays). Under the
+    baselines protocol a life loss is terminal for learning only (the game goes on). After a game ends,
+    `lives` is that of the freshly reset game, so it is compared only where no episode ended. A game over
+    at the time limit is terminal."""
     life_lost = (lives < prev_lives) & ~(terminated | truncated)
-    return terminated | life_lost, truncated & ~terminated
+    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
 
 
 @torch.inference_mode()
-def step_targets(agent, terminated, truncated, info: dict, prev_lives, device):
-    """(terminal, truncation, V(real final obs) where truncated else 0) of one vector step. With autoreset
+def step_targets(agent, terminated, truncated, info: dict, prev_lives, baselines: bool, device):
+    """(terminal, truncation, life lost, V(real final obs) where truncated else 0) of one vector step. With autoreset
     SameStep the returned observation of an ended env is the new game's, so the bootstrap value comes
     from info["final_obs"]; it is computed only for the (rare) cut envs."""
-    terminal, cut = learning_flags(terminated, truncated, info["lives"], prev_lives)
+    terminal, cut, life_lost = learning_flags(terminated, truncated, info["lives"], prev_lives, baselines)
     trunc_value = torch.zeros(len(cut), device=device)
     if cut.any():
         idx = np.flatnonzero(cut)
         trunc_value[torch.from_numpy(idx).to(device)] = agent(torch.from_numpy(info["final_obs"][idx]).to(device))[1]
-    return terminal, cut, trunc_value
+    return terminal, cut, life_lost, trunc_value
 
 
 def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma: float, gae_lambda: float):
@@ -295,11 +312,13 @@ def gae(rewards, values, next_value, terminals, truncations, truncation_values, 
     return advantages, advantages + values
 
 
-def ppo_losses(new_logprob, old_logprob, advantages, new_value, old_value, returns, clip_coef: float, clip_vloss: bool):
-    """Clipped surrogate policy loss (-L_clip), value loss L_V, approx KL, clip fraction."""
+def ppo_losses(new_logprob, old_logprob, advantages, new_value, old_value, returns, clip_coef: float, clip_vloss: bool, acted=None):
+    """Clipped surrogate policy loss (-L_clip) averaged over the steps the policy chose (`acted`, 1.0 or 0.0:
+    detail 3's forced FIRE is 0), value loss L_V, approx KL, clip fraction."""
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    acted = torch.ones_like(ratio) if acted is None else acted
+    pg_loss = (torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)) * acted).sum() / acted.sum().clamp(min=1)
     if clip_vloss:
         v_clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((new_value - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -327,7 +346,7 @@ def update(agent: Agent, optimizer, batch: dict, generator: torch.Generator, arg
             if args.norm_adv:
                 mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
             pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(new_logprob, batch["logprobs"][mb], mb_adv, new_value, batch["values"][mb],
-                                                              batch["returns"][mb], args.clip_coef, args.clip_vloss)
+                                                              batch["returns"][mb], args.clip_coef, args.clip_vloss, batch["acted"][mb])
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -364,7 +383,7 @@ def train(args: Args) -> None:
     game, sticky = atari_protocol(args.env_id)
     device = pick_device(args.device)
     seed_everything(args.seed, args.torch_deterministic)
-    ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "frame_stack")) if args.resume else None
+    ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "frame_stack", "protocol")) if args.resume else None
     num_iterations = args.total_steps // batch_size
     horizon = args.schedule_steps if args.schedule_steps is not None else ckpt["schedule_steps"] if ckpt else num_iterations * batch_size
     if args.anneal_lr and horizon < num_iterations * batch_size:
@@ -372,7 +391,8 @@ def train(args: Args) -> None:
                    f"({'set by --schedule-steps' if args.schedule_steps is not None else 'the schedule of the checkpoint'}); "
                    f"pass --schedule-steps {num_iterations * batch_size} (or more) to re-plan it, or --no-anneal-lr")
 
-    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack)
+    protocol = resolve_protocol(args.protocol, args.env_id)
+    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack, baselines=protocol == "baselines")
     envs = make_envs(args.num_envs, **atari)
     agent = Agent(int(envs.single_action_space.n), args.frame_stack).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
@@ -387,14 +407,14 @@ def train(args: Args) -> None:
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
     logprobs, values, trunc_values = (torch.zeros((T, N), device=device) for _ in range(3))
     # rewards and flags are born in numpy: kept on the host, moved once per rollout, not 3 copies a step
-    rewards_np, terminals_np, truncations_np = (np.zeros((T, N), np.float32) for _ in range(3))
+    rewards_np, terminals_np, truncations_np, acted_np = (np.zeros((T, N), np.float32) for _ in range(4))
     obs_np, info = envs.reset(seed=args.seed + global_step)  # fresh games after a resume
-    next_obs, lives = torch.from_numpy(obs_np).to(device), info["lives"]
+    next_obs, lives, forced = torch.from_numpy(obs_np).to(device), info["lives"], np.zeros(N, dtype=bool)
     score, length = np.zeros(N), np.zeros(N, dtype=np.int64)
     eval_returns, eval_capped, eval_step = [], 0, -1
     stop = StopSignal()
     with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None,
-                   resolved_device=str(device), game=game, repeat_action_probability=sticky) as log:
+                   resolved_device=str(device), game=game, repeat_action_probability=sticky, protocol=protocol) as log:
         while iteration < num_iterations and not stop:
             iteration += 1
             lr = args.learning_rate * (1.0 - global_step / horizon) if args.anneal_lr else args.learning_rate  # detail 6
@@ -406,11 +426,13 @@ def train(args: Args) -> None:
                     # NaN weights are caught after the update; validation here would cost a sync per step
                     dist = Categorical(logits=logits, validate_args=False)
                     action = dist.sample()
-                    actions[t], logprobs[t] = action, dist.log_prob(action)
+                    if forced.any():  # detail 3: FIRE after a lost life, not the policy's choice
+                        action[torch.from_numpy(forced).to(device)] = envs.fire
+                    actions[t], logprobs[t], acted_np[t] = action, dist.log_prob(action), ~forced
                     obs_np, reward, term, trunc, info = envs.step(action.cpu().numpy())
                     global_step += N
-                    terminal, cut, trunc_values[t] = step_targets(agent, term, trunc, info, lives, device)
-                    lives = info["lives"]
+                    terminal, cut, lost, trunc_values[t] = step_targets(agent, term, trunc, info, lives, atari["baselines"], device)
+                    lives, forced = info["lives"], lost & (envs.fire is not None)
                     rewards_np[t], terminals_np[t], truncations_np[t] = np.sign(reward), terminal, cut  # clipped (Mnih 2015)
                     next_obs = torch.from_numpy(obs_np).to(device)
                     score, length = score + reward, length + 1
@@ -422,7 +444,8 @@ def train(args: Args) -> None:
                 advantages, returns = gae(rewards, values, next_value, terminals, truncations, trunc_values, args.gamma, args.gae_lambda)
 
             batch = {"obs": obs.reshape(-1, args.frame_stack, 84, 84), "actions": actions.reshape(-1), "logprobs": logprobs.reshape(-1),
-                     "advantages": advantages.reshape(-1), "returns": returns.reshape(-1), "values": values.reshape(-1)}
+                     "advantages": advantages.reshape(-1), "returns": returns.reshape(-1), "values": values.reshape(-1),
+                     "acted": torch.from_numpy(acted_np).to(device).reshape(-1)}
             losses = update(agent, optimizer, batch, generator, args)
             log.check_finite(losses.pop("loss"), global_step)
             log.scalars(global_step, {"charts/learning_rate": lr, "charts/SPS": log.sps(global_step), **losses})
@@ -448,7 +471,7 @@ def train(args: Args) -> None:
             record_video(agent, atari, log.run_dir / "videos", args.seed + 20_000, device)
         if stop:
             return log.interrupted(global_step)
-        log.summary(global_step, eval_returns, eval_capped_games=eval_capped, game=game, repeat_action_probability=sticky)
+        log.summary(global_step, eval_returns, eval_capped_games=eval_capped, game=game, repeat_action_probability=sticky, protocol=protocol)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -456,11 +479,17 @@ def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=N
     """Unclipped scores of `episodes` full games of the sampled policy, game i seeded seed + i, and how
     many hit the frame limit (detail 8); cut short (scores incomplete) once `stop` is true (a signal)."""
     envs = make_envs(episodes, **atari)
-    obs, _ = envs.reset(seed=seed)
+    obs, info = envs.reset(seed=seed)
     generator = torch.Generator().manual_seed(seed)
     scores, finished, capped = np.zeros(episodes), np.zeros(episodes, dtype=bool), np.zeros(episodes, dtype=bool)
+    forced = np.zeros(episodes, dtype=bool)
     while not finished.all() and not stop:
-        obs, reward, term, trunc, _ = envs.step(sample_actions(agent, obs, device, generator))
+        actions = sample_actions(agent, obs, device, generator)
+        if forced.any():  # detail 3 (baselines: FIRE after a lost life; never under machado)
+            actions[forced] = envs.fire
+        lives = info["lives"]
+        obs, reward, term, trunc, info = envs.step(actions)
+        forced = (info["lives"] < lives) & ~(term | trunc) & (envs.fire is not None)
         scores += reward * ~finished  # games that ended keep running; ignore them
         capped |= trunc & ~term & ~finished
         finished |= term | trunc
@@ -475,26 +504,30 @@ def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) 
                    max_num_frames_per_episode=atari["max_frames"])
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
     env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
-    frame, _ = env.reset(seed=seed)
+    frame, info = env.reset(seed=seed)
     meanings = env.unwrapped.get_action_meanings()
-    if "FIRE" in meanings:  # as use_fire_reset in the vector env
-        frame, *_ = env.step(meanings.index("FIRE"))
+    fire = meanings.index("FIRE") if atari["baselines"] and "FIRE" in meanings else None  # detail 3
+    if fire is not None:  # as use_fire_reset in the vector env
+        frame, _, _, _, info = env.step(fire)
     stack = np.zeros((1, atari["frame_stack"], 84, 84), dtype=np.uint8)
-    generator, score, done = torch.Generator().manual_seed(seed), 0.0, False
+    generator, score, done, forced = torch.Generator().manual_seed(seed), 0.0, False, False
     while not done:
         stack = np.concatenate([stack[:, 1:], frame[None, None]], axis=1)
-        frame, reward, term, trunc, _ = env.step(int(sample_actions(agent, stack, device, generator)[0]))
+        action, lives = int(sample_actions(agent, stack, device, generator)[0]), info["lives"]
+        frame, reward, term, trunc, info = env.step(fire if forced else action)
         score, done = score + float(reward), term or trunc
+        forced = fire is not None and info["lives"] < lives and not done
     env.close()
     return score
 
 
 def eval_only(args: Args) -> None:
-    """Evaluate --checkpoint with its own env, seed, frame limit and frame stack: it repeats the run's final evaluation."""
+    """Evaluate --checkpoint with its own env, seed, frame limit, frame stack and protocol: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    run = {"frame_stack": 4, **ckpt["args"]}  # checkpoints written before --frame-stack existed stacked 4 frames
+    run = {"frame_stack": 4, "protocol": "auto", **ckpt["args"]}  # checkpoints written before these flags existed
     game, sticky = atari_protocol(ckpt["env_id"])
-    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"])
+    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"],
+                 baselines=resolve_protocol(run["protocol"], ckpt["env_id"]) == "baselines")
     agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"]).to(device, memory_format=torch.channels_last)
     agent.load_state_dict(ckpt["agent"])
     returns, capped = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device)
@@ -600,9 +633,10 @@ def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
     if args.total_steps < ckpt["global_step"]:
         raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
     for key in same:
-        if ckpt["args"].get(key) != getattr(args, key):
-            flag = "--" + key.replace("_", "-")
-            raise fail(f"checkpoint {args.resume} was made with {flag} {ckpt['args'][key]}, not {getattr(args, key)}; pass {flag} {ckpt['args'][key]}")
+        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
+        if theirs != getattr(args, key):  # an older checkpoint may lack a flag added since: say so, no KeyError
+            made = f"was made with {flag} {theirs}, not {getattr(args, key)}; pass {flag} {theirs}" if key in ckpt["args"] else f"predates {flag}; continue it with the {SCRIPT} that wrote it"
+            raise fail(f"checkpoint {args.resume} {made}")
     return ckpt
 
 

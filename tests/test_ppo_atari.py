@@ -100,9 +100,20 @@ def test_learning_flags():
     trunc = np.array([False, False, False, True, True])
     lives = np.array([3, 2, 5, 5, 5])  # env 2-4 ended: lives are the reset game's
     prev = np.array([3, 3, 1, 2, 1])
-    terminal, cut = ppo.learning_flags(term, trunc, lives, prev)
+    terminal, cut, lost = ppo.learning_flags(term, trunc, lives, prev, True)
     assert terminal.tolist() == [False, True, True, False, True]  # life loss, game over, both
     assert cut.tolist() == [False, False, False, True, False]  # game over beats the time limit
+    assert lost.tolist() == [False, True, False, False, False]  # a game over is not a lost life
+    terminal, cut_m, lost_m = ppo.learning_flags(term, trunc, lives, prev, False)  # machado: no life signal
+    assert terminal.tolist() == [False, False, True, False, True] and (cut_m == cut).all() and (lost_m == lost).all()
+
+
+@pytest.mark.parametrize("protocol, env_id, resolved", [
+    ("auto", "BreakoutNoFrameskip-v4", "baselines"), ("auto", "ALE/Breakout-v5", "machado"),
+    ("machado", "BreakoutNoFrameskip-v4", "machado"), ("baselines", "ALE/Pong-v5", "baselines"),
+])
+def test_resolve_protocol(protocol, env_id, resolved):
+    assert ppo.resolve_protocol(protocol, env_id) == resolved
 
 
 class ValueOfMean(torch.nn.Module):
@@ -123,11 +134,11 @@ def test_step_targets_fake_step():
     final_obs = np.stack([np.full((4, 84, 84), 10 * (i + 1), dtype=np.uint8) for i in range(4)])
     info = {"lives": np.array([3, 2, 5, 5]), "final_obs": final_obs}
     agent = ValueOfMean()
-    terminal, cut, value = ppo.step_targets(agent, term, trunc, info, np.array([3, 3, 1, 1]), torch.device("cpu"))
+    terminal, cut, _, value = ppo.step_targets(agent, term, trunc, info, np.array([3, 3, 1, 1]), True, torch.device("cpu"))
     assert terminal.tolist() == [False, True, False, True] and cut.tolist() == [False, False, True, False]
     assert value.tolist() == [0.0, 0.0, 30.0, 0.0]  # V of env 2's real last observation only
     assert len(agent.seen) == 1 and torch.equal(agent.seen[0], torch.from_numpy(final_obs[[2]]))
-    _, cut, value = ppo.step_targets(agent, term[:1], trunc[:1], {"lives": np.array([3])}, np.array([3]), torch.device("cpu"))
+    _, cut, _, value = ppo.step_targets(agent, term[:1], trunc[:1], {"lives": np.array([3])}, np.array([3]), True, torch.device("cpu"))
     assert not cut.any() and value.tolist() == [0.0] and len(agent.seen) == 1  # no forward pass without a cut
 
 
@@ -135,12 +146,12 @@ def test_step_targets_real_truncation():
     """On the real vector env with a 40-frame limit: the bootstrap is V(final_obs), not V(reset obs)."""
     torch.manual_seed(0)
     agent = ppo.Agent(4)
-    envs = ppo.make_envs(2, "breakout", 0.0, 40, 4)
+    envs = ppo.make_envs(2, "breakout", 0.0, 40, 4, True)
     obs, info = envs.reset(seed=0)
     lives, rng = info["lives"], np.random.default_rng(0)
     for _ in range(30):
         obs, _, term, trunc, info = envs.step(rng.integers(0, 4, size=2))
-        terminal, cut, value = ppo.step_targets(agent, term, trunc, info, lives, torch.device("cpu"))
+        terminal, cut, _, value = ppo.step_targets(agent, term, trunc, info, lives, True, torch.device("cpu"))
         lives = info["lives"]
         if cut.any():
             break
@@ -169,6 +180,9 @@ def test_ppo_losses_clip():
     assert vl_plain.item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
     _, vl_c, _, _ = ppo.ppo_losses(new, old, adv, t([0.5, 0, 0]), old_values, t([1.0, 0, 0]), 0.1, True)
     assert vl_c.item() == pytest.approx(0.5 * 0.81 / 3)  # (0.1 - 1)^2 > (0.5 - 1)^2
+    # a forced FIRE (acted 0) is left out of the policy loss, not of the value loss
+    pg_m, vl_m, _, _ = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, True, t([1.0, 0.0, 1.0]))
+    assert pg_m.item() == pytest.approx((-1.1 - 1.0) / 2) and vl_m.item() == pytest.approx(vl.item())
 
 
 @pytest.mark.parametrize("stack", [1, 4])
@@ -230,20 +244,24 @@ class ScriptedGames:
     """Fake vector env for evaluation: env i ends at the steps in ends[i] ("term" or "trunc"),
     scoring 1 per step; games that ended go on (as autoreset does) and may end again."""
 
+    fire = 1
+
     def __init__(self, ends, frame_stack=4):
         self.ends, self.steps, self.actions = ends, 0, []
         self.obs = np.zeros((len(ends), frame_stack, 84, 84), dtype=np.uint8)
+        self.lives = np.full(len(ends), 5)
 
     def reset(self, seed=None):
-        return self.obs, {}
+        return self.obs, {"lives": self.lives.copy()}
 
     def step(self, actions):
         self.steps += 1
         self.actions.append(actions.copy())
         kinds = [end.get(self.steps) for end in self.ends]
+        self.lives -= np.array([k == "life" for k in kinds])
         term = np.array([k == "term" for k in kinds])
         trunc = np.array([k == "trunc" for k in kinds])
-        return self.obs, np.ones(len(self.ends)), term, trunc, {}
+        return self.obs, np.ones(len(self.ends)), term, trunc, {"lives": self.lives.copy()}
 
     def close(self):
         pass
@@ -258,7 +276,7 @@ class FixedPolicy(torch.nn.Module):
         return self.logits.expand(len(obs), -1), torch.zeros(len(obs))
 
 
-ATARI = dict(game="breakout", sticky=0.0, max_frames=200, frame_stack=4)
+ATARI = dict(game="breakout", sticky=0.0, max_frames=200, frame_stack=4, baselines=True)
 
 
 def test_evaluate_counts_capped_games(monkeypatch):
@@ -267,6 +285,29 @@ def test_evaluate_counts_capped_games(monkeypatch):
     monkeypatch.setattr(ppo, "make_envs", lambda n, **_: games)
     returns, capped = ppo.evaluate(FixedPolicy([0.5, 0.5]), ATARI, 3, 10_001, "cpu")
     assert returns == [2.0, 3.0, 5.0] and capped == 2
+
+
+def test_evaluate_presses_fire_after_a_lost_life(monkeypatch):
+    """Baselines protocol: the step after env 0 loses a life (step 2) presses FIRE (action 1) whatever the
+    policy samples; env 1 never loses one and is never forced."""
+    games = ScriptedGames([{2: "life", 6: "term"}, {6: "term"}])
+    monkeypatch.setattr(ppo, "make_envs", lambda n, **_: games)
+    ppo.evaluate(FixedPolicy([1.0, 1e-12, 1e-12, 1e-12]), ATARI, 2, 10_001, "cpu")  # samples NOOP (0) only
+    assert [a.tolist() for a in games.actions] == [[0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("protocol, ended", [("baselines", True), ("machado", False)])
+def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, ended):
+    """A policy that only presses NOOP on the real game: under baselines FIRE launches the ball at reset and
+    after every lost life, so all 5 lives are lost and the game ends; under machado the ball is never
+    launched and the game runs to the frame limit. (FIRE at reset only would lose one life, then stall.)"""
+    atari = dict(ATARI, max_frames=20_000, baselines=protocol == "baselines")
+    envs = ppo.make_envs(1, **atari)
+    assert envs.fire == (1 if protocol == "baselines" else None)
+    envs.close()
+    scores, capped = ppo.evaluate(FixedPolicy([1.0, 1e-12, 1e-12, 1e-12]), atari, 1, 10_001, "cpu")
+    assert capped == (0 if ended else 1)
+    assert ended or scores == [0.0]
 
 
 def test_evaluation_samples_the_policy(monkeypatch):
@@ -296,7 +337,7 @@ class Recorder(torch.nn.Module):
 
 @pytest.mark.slow
 def test_video_starts_from_the_training_padding_and_samples(tmp_path, monkeypatch):
-    envs = ppo.make_envs(1, "breakout", 0.0, 200, 4)  # the reference: what training sees after a reset
+    envs = ppo.make_envs(1, "breakout", 0.0, 200, 4, True)  # the reference: what training sees after a reset
     reset_obs, _ = envs.reset(seed=0)
     envs.close()
     draws, real = [], ppo.sample_actions
@@ -317,6 +358,8 @@ class ConstantGame:
     """Stands in for AtariVectorEnv: the same frames after every step, reward = action, action 0
     ends the game. Stateless, so a resumed run sees what the uninterrupted run saw at the same
     steps (the real envs restart their games on resume)."""
+
+    fire = 1
 
     def __init__(self, num_envs, frame_stack):
         self.single_action_space = gym.spaces.Discrete(4)
@@ -411,6 +454,39 @@ def test_learning_rate_schedule_survives_a_longer_resume(tmp_path, constant_game
     assert scalars(run, "charts/learning_rate")[-1] == (160, pytest.approx(2.5e-4))
 
 
+class LifeLosingGame(ConstantGame):
+    """ConstantGame whose env 0 loses a life at every 5th step (never a game over: no action ends it)."""
+
+    def step(self, actions):
+        self.calls = getattr(self, "calls", 0) + 1
+        self.lives = self.lives - np.array([self.calls % 5 == 0] + [False] * (len(actions) - 1))
+        return self.frames.copy(), np.ones(len(actions)), np.zeros(len(actions), bool), np.zeros(len(actions), bool), \
+            {"lives": self.lives}
+
+
+@pytest.mark.parametrize("protocol", ["baselines", "machado"])
+def test_rollout_forces_fire_after_a_lost_life_and_masks_it(tmp_path, monkeypatch, restore_signals, protocol):
+    """Baselines: the step after each lost life is FIRE (1) with acted = 0 (out of the policy loss), every
+    other step the policy's; machado: nothing is forced."""
+    game, batches, real = [], [], ppo.update
+
+    def make(num_envs, frame_stack, baselines, **_):
+        game.append(LifeLosingGame(num_envs, frame_stack))
+        game[-1].fire = 1 if baselines else None
+        return game[-1]
+
+    monkeypatch.setattr(ppo, "make_envs", make)
+    monkeypatch.setattr(ppo, "update", lambda agent, opt, batch, *a: batches.append(batch) or real(agent, opt, batch, *a))
+    monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: ([0.0], 0))  # these games never end
+    ppo.train(ppo.Args(**FAKE, total_steps=32, protocol=protocol, run_dir=str(tmp_path / "r")))
+    actions, acted = batches[0]["actions"].reshape(16, 2), batches[0]["acted"].reshape(16, 2)
+    forced_steps = [5, 10, 15] if protocol == "baselines" else []  # rows after the losses at steps 5, 10, 15 (1-based)
+    assert acted[:, 1].tolist() == [1.0] * 16
+    assert [t for t in range(16) if acted[t, 0] == 0] == forced_steps
+    assert all(actions[t, 0] == 1 for t in forced_steps)
+    assert len(set(actions[:, 1].tolist())) > 1  # env 1 is sampled from the policy throughout
+
+
 def test_frame_stack_sets_the_network_and_is_fixed_on_resume(tmp_path, constant_game):
     run = tmp_path / "run"
     ppo.train(ppo.Args(**FAKE, total_steps=32, frame_stack=1, run_dir=str(run)))
@@ -423,7 +499,7 @@ def test_frame_stack_sets_the_network_and_is_fixed_on_resume(tmp_path, constant_
 
 
 def test_real_env_stacks_the_requested_frames():
-    envs = ppo.make_envs(2, "breakout", 0.0, 200, 1)
+    envs = ppo.make_envs(2, "breakout", 0.0, 200, 1, True)
     obs, _ = envs.reset(seed=0)
     envs.close()
     assert obs.shape == (2, 1, 84, 84) and (obs != 0).any()
@@ -486,6 +562,13 @@ def test_checkpoint_mismatch_in_process(tiny_ckpt):
         ppo.train(ppo.Args(**{**TINY_ARGS, "num_envs": 4}, frame_stack=2, resume=ckpt))
     with pytest.raises(SystemExit, match="was made with --frame-stack 2, not 4"):
         ppo.train(ppo.Args(**TINY_ARGS, resume=ckpt))
+    with pytest.raises(SystemExit, match="was made with --protocol auto, not machado"):
+        ppo.train(ppo.Args(**TINY_ARGS, frame_stack=2, resume=ckpt, protocol="machado"))
+    old = torch.load(ckpt, weights_only=True)
+    del old["args"]["protocol"]  # as written before --protocol existed
+    torch.save(old, ckpt)
+    with pytest.raises(SystemExit, match="predates --protocol; continue it with the ppo_atari.py that wrote it"):
+        ppo.train(ppo.Args(**TINY_ARGS, frame_stack=2, resume=ckpt))
     with pytest.raises(SystemExit, match="--total-steps 128 is below the checkpoint's step 256"):
         ppo.train(ppo.Args(**TINY_ARGS, frame_stack=2, resume=ckpt, total_steps=128))
 
@@ -497,10 +580,10 @@ def test_signal_skips_eval_saves_and_finishes_wandb(tmp_path, monkeypatch, resto
     signal would kill."""
     cuts, evals, real = [], [], ppo.step_targets
 
-    def spy(agent, term, trunc, info, prev_lives, device):
+    def spy(agent, term, trunc, info, prev_lives, baselines, device):
         if not cuts:
             os.kill(os.getpid(), signal.SIGTERM)
-        out = real(agent, term, trunc, info, prev_lives, device)
+        out = real(agent, term, trunc, info, prev_lives, baselines, device)
         cuts.append(int(out[1].sum()))
         return out
 
