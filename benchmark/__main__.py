@@ -1,5 +1,6 @@
-"""`python -m benchmark {smoke,full,report,readme,compare,dqn-memory}`: run the zoo, report on it,
-compare two sweeps, and measure dqn_atari's replay memory."""
+"""`python -m benchmark {smoke,full,datasets,report,readme,compare,dqn-memory}`: run the zoo (building
+the datasets its presets read first), only build those datasets, report on a sweep, compare two
+sweeps, and measure dqn_atari's replay memory."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ from typing import Annotated, Literal
 
 import tyro
 
-from .backends import Callbacks, Machine, local_gpus, physical_memory_gb, run_local, run_ray
+from .backends import Callbacks, Machine, fail_before_running, local_gpus, physical_memory_gb, run_local, run_ray
 from .compare import compare, load_sweep
 from .dqn_memory import measure
 from .manifest import Mode, Preset, ZooError, load_zoo
 from .progress import Progress
 from .report import collect, load_committed, report_sweep, update_readme
-from .runner import finished_ok, open_sweep, plan_jobs, relative, write_atomic, write_json
+from .runner import build_datasets, finished_ok, open_sweep, plan_jobs, relative, write_atomic, write_json
 
 
 @dataclass
@@ -35,18 +36,22 @@ class Common:
 
 
 @dataclass
-class Sweep(Common):
-    name: str | None = None
-    """The sweep's name (default: <subcommand>-<date>-<time>); the same name resumes a sweep,
-    skipping the runs that finished and continuing each unfinished run from its
-    checkpoints/latest.pt with --resume (with Ray: from its copy in --storage; without one it starts
-    afresh)."""
+class Selection(Common):
     preset: tuple[str, ...] = ()
     """Only these presets (names or shell patterns such as 'naf-*')."""
     algo: tuple[str, ...] = ()
     """Only these algorithm files (stems or patterns)."""
     env: tuple[str, ...] = ()
     """Only these environment ids (or patterns)."""
+
+
+@dataclass
+class Sweep(Selection):
+    name: str | None = None
+    """The sweep's name (default: <subcommand>-<date>-<time>); the same name resumes a sweep,
+    skipping the runs that finished and continuing each unfinished run from its
+    checkpoints/latest.pt with --resume (with Ray: from its copy in --storage; without one it starts
+    afresh)."""
     workers: int = 2
     """CPUs to fill: runs at once, each taking its preset's num_cpus (local backend), or the
     CPUs of the local Ray instance (ray backend); also the runs at once the progress ETA assumes."""
@@ -94,6 +99,14 @@ class Full(Sweep):
     """Use this many total steps for every preset (targets do not apply)."""
     results_dir: Path = Path("results")
     """Committed results go to <results-dir>/<sweep>/."""
+
+
+@dataclass
+class Datasets(Selection):
+    """Only build the datasets the selected presets read (their `dataset` tables), as a sweep does
+    before its runs: each distinct one once, left as it is when made by the same recipe. Useful
+    before a Ray sweep, whose runs read them on the workers (an absolute root on a folder every node
+    mounts). Output appended to <runs-dir>/datasets.log; exits 1 when one could not be built."""
 
 
 @dataclass(kw_only=True)
@@ -145,7 +158,7 @@ def _matches(value: str, patterns: tuple[str, ...]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
 
-def select(presets: dict[str, Preset], sweep: Sweep) -> list[Preset]:
+def select(presets: dict[str, Preset], sweep: Selection) -> list[Preset]:
     chosen = [p for p in presets.values()
               if _matches(p.name, sweep.preset) and _matches(p.algo, sweep.algo) and _matches(p.env_id, sweep.env)]
     if not chosen:
@@ -206,8 +219,12 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
           f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a preempted driver stops its runs too
     try:
+        # Once per distinct dataset, here, before any run: with Ray, before submitting (see build_datasets).
+        unbuilt = build_datasets([p for p in chosen if any(job.preset is p for job in todo)], sweep.algos_dir,
+                                 sweep_dir / "datasets.log", ray=sweep.backend == "ray")
         with Progress(todo, len(jobs) - len(todo), sweep.workers, sweep.progress_interval_s) as progress:
             calls = Callbacks(progress.started, progress.progressed, progress.finished)
+            todo = fail_before_running(todo, unbuilt, sweep.algos_dir, calls)
             if sweep.backend == "ray":
                 run_ray(todo, address=sweep.ray_address, local_cpus=sweep.workers, algos_dir=sweep.algos_dir,
                         repo=sweep.algos_dir, storage=sweep.storage, requirements=requirements,
@@ -238,6 +255,14 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     return 1 if failed or missed else 0
 
 
+def run_datasets(args: Datasets) -> int:
+    chosen = [p for p in select(load_zoo(args.zoo, args.algos_dir), args) if p.dataset is not None]
+    if not chosen:
+        print("no selected preset reads a dataset")
+        return 0
+    return 1 if build_datasets(chosen, args.algos_dir, args.runs_dir / "datasets.log") else 0
+
+
 def rebuild_report(args: Report) -> int:
     raw, out_dir = args.runs_dir / args.name, args.results_dir / args.name
     if (raw / "sweep.json").exists():
@@ -265,7 +290,7 @@ def run_compare(args: Compare) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     command = tyro.extras.subcommand_cli_from_dict(
-        {"smoke": Smoke, "full": Full, "report": Report, "readme": Readme, "compare": Compare,
+        {"smoke": Smoke, "full": Full, "datasets": Datasets, "report": Report, "readme": Readme, "compare": Compare,
          "dqn-memory": DqnMemory}, prog="python -m benchmark", args=argv, description=__doc__)
     line = command_line(sys.argv[1:] if argv is None else argv)
     try:
@@ -273,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(command, "full", line)
         if isinstance(command, Smoke):
             return run_sweep(command, "smoke", line)
+        if isinstance(command, Datasets):
+            return run_datasets(command)
         if isinstance(command, Report):
             return rebuild_report(command)
         if isinstance(command, Compare):

@@ -120,11 +120,28 @@ def unfit(job: Job, cpus: float, memory_gb: float, gpus: float, where: str) -> s
     return None
 
 
-def _failed(job: Job, reason: str, code: dict[str, Any]) -> dict[str, Any]:
-    prepare_run_dir(job, resume=False)
+def _failed(job: Job, reason: str, code: dict[str, Any], keep_checkpoint: bool = False) -> dict[str, Any]:
+    """Record a run that fails before it starts; `keep_checkpoint`: a checkpoint of an earlier
+    attempt stays for the next invocation (the run did not get its chance)."""
+    if keep_checkpoint and (job.run_dir / CHECKPOINT).is_file():
+        for name in ("summary.json", RECORD_NAME):
+            (job.run_dir / name).unlink(missing_ok=True)
+    else:
+        prepare_run_dir(job, resume=False)
     checked = check_run(job, job.run_dir, {"returncode": None, "timed_out": False, "wall_time_s": None,
                                            "timeout_s": job.timeout_s, "error": reason})
     return make_record(job, checked, job.command(), {**code, "host": None})
+
+
+def fail_before_running(jobs: list[Job], reasons: dict[str, str], repo: Path, calls: Callbacks) -> list[Job]:
+    """Record as failed the jobs whose preset has a reason in `reasons` (by preset name: its dataset
+    was not built), keeping their checkpoints; return the others."""
+    code = provenance.code_version(repo) if any(job.preset.name in reasons for job in jobs) else {}
+    for job in jobs:
+        if job.preset.name in reasons:
+            calls.on_start(job, "driver")
+            calls.on_finish(_failed(job, reasons[job.preset.name], code, keep_checkpoint=True))
+    return [job for job in jobs if job.preset.name not in reasons]
 
 
 def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -78,6 +79,34 @@ class Normaliser:
 
 
 @dataclass(frozen=True)
+class Dataset:
+    """The arguments of `benchmark.datasets` (the environment is the preset's) that make the dataset a
+    preset reads; the runner builds it before the preset's runs."""
+
+    dataset_id: str
+    episodes: int = 10
+    noise: float = 0.0
+    seed: int = 0
+    root: str | None = None
+    checkpoint: str | None = None
+
+    @property
+    def folder(self) -> Path | None:
+        """Where it lands, when the root is given (else MINARI_DATASETS_PATH or Minari's default decides)."""
+        return Path(self.root) / self.dataset_id if self.root is not None else None
+
+    def argv(self, env_id: str) -> list[str]:
+        """The command line of `python -m benchmark.datasets` that makes it."""
+        argv = ["--env-id", env_id, "--dataset-id", self.dataset_id, "--episodes", str(self.episodes),
+                "--noise", str(self.noise), "--seed", str(self.seed)]
+        return argv + [x for flag, value in (("--root", self.root), ("--checkpoint", self.checkpoint))
+                       if value is not None for x in (flag, value)]
+
+    def command(self, env_id: str) -> str:
+        return "python -m benchmark.datasets " + shlex.join(self.argv(env_id))
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     algo: str
@@ -93,7 +122,7 @@ class Preset:
     num_cpus: float = 1
     num_gpus: float = 0
     provisional: bool = False
-    dataset: str | None = None
+    dataset: Dataset | None = None
     group: str | None = None
     normalise: Normaliser | None = None
     table: dict[str, Any] = field(default_factory=dict, compare=False)  # as written, for the sweep's copy
@@ -110,6 +139,9 @@ BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags", "me
 TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "text"}
 REFERENCE_KEYS = {"name", "score", "source", "note"}
 NORMALISE_KEYS = {"name", "random", "reference", "source"}
+DATASET_KEYS = {"dataset_id", "episodes", "noise", "seed", "root", "checkpoint"}
+# Minari's (namespace/)name(-v<version>) (minari.dataset.minari_dataset.DATASET_ID_RE), so no '..' or leading '/'.
+DATASET_ID = re.compile(r"(?:[-_\w][-_\w/]*[-_\w]+/)?[-_\w]+?(?:-v\d+)?")
 RESERVED_FLAGS = {"total-steps", "seed", "run-dir", "env-id"}
 
 
@@ -208,6 +240,26 @@ def _normaliser(data: Any, where: str) -> Normaliser:
     return normaliser
 
 
+def _dataset(data: Any, where: str, budgets: list[dict[str, ArgValue]]) -> Dataset:
+    """The dataset table; `budgets`: each budget's arguments, whose --dataset-path must name its folder."""
+    if isinstance(data, str):
+        raise ZooError(f"{where}: a command line is not run; write a [<preset>.dataset] table of benchmark.datasets "
+                       f"arguments ({', '.join(sorted(DATASET_KEYS))})")
+    table = _Table(data, where, DATASET_KEYS)
+    dataset = Dataset(dataset_id=table.get("dataset_id", "str"), episodes=table.get("episodes", "int", 10, positive=True),
+                      noise=float(table.get("noise", "number", 0.0)), seed=table.get("seed", "int", 0),
+                      root=table.get("root", "str", None), checkpoint=table.get("checkpoint", "str", None))
+    if not DATASET_ID.fullmatch(dataset.dataset_id):
+        raise ZooError(f"{where}: 'dataset_id' {dataset.dataset_id!r} is not a Minari id (namespace/)name-v<version>")
+    if dataset.noise < 0 or dataset.seed < 0:
+        raise ZooError(f"{where}: 'noise' and 'seed' must be at least 0")
+    for args in budgets:
+        path = args.get("dataset-path")
+        if dataset.folder is not None and isinstance(path, str) and Path(path) != dataset.folder:
+            raise ZooError(f"{where}: the preset reads --dataset-path {path}, but the dataset lands in {dataset.folder}")
+    return dataset
+
+
 def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: bool) -> Preset:
     table = _Table(data, where, PRESET_KEYS)
     algo = table.get("algo", "str")
@@ -218,6 +270,10 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
         if mode not in data:
             raise ZooError(f"{where}: missing budget [{name}.{mode}]")
     full = _budget(data["full"], f"{where}: full", "full")
+    args = _args(table)
+    smoke = _budget(data["smoke"], f"{where}: smoke", "smoke")
+    dataset = _dataset(data["dataset"], f"{where}: dataset", [{**args, **b.args} for b in (smoke, full)]) \
+        if "dataset" in data else None
     references = table.get("references", "list", [])
     num_gpus = table.get("num_gpus", "number", 0)
     if num_gpus < 0 or (num_gpus > 1 and num_gpus != int(num_gpus)):
@@ -227,8 +283,8 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
         algo=algo,
         script=script,
         env_id=table.get("env_id", "str"),
-        args=_args(table),
-        smoke=_budget(data["smoke"], f"{where}: smoke", "smoke"),
+        args=args,
+        smoke=smoke,
         full=full,
         target=_target(data["target"], f"{where}: target", full.seeds) if "target" in data else None,
         references=tuple(_reference(ref, f"{where}: reference {i + 1}") for i, ref in enumerate(references)),
@@ -237,7 +293,7 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
         num_cpus=table.get("num_cpus", "number", 1, positive=True),
         num_gpus=num_gpus,
         provisional=table.get("provisional", "bool", False),
-        dataset=table.get("dataset", "str", None),
+        dataset=dataset,
         group=table.get("group", "str", None),
         normalise=_normaliser(data["normalise"], f"{where}: normalise") if "normalise" in data else None,
         table=data,
@@ -269,6 +325,7 @@ def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
     if not files or not all(f.is_file() for f in files):
         raise ZooError(f"no manifest at {path} (a .toml file or a folder of them)")
     presets: dict[str, Preset] = {}
+    folders: dict[Path, Preset] = {}
     for file in files:
         try:
             data = tomllib.loads(file.read_text())
@@ -278,7 +335,12 @@ def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
             where = f"zoo preset '{name}'"
             if name in presets:
                 raise ZooError(f"{where}: duplicate preset name (in {file} and an earlier file)")
-            presets[name] = _preset(name, entry, where, algos_dir, True)
+            presets[name] = preset = _preset(name, entry, where, algos_dir, True)
+            folder = preset.dataset.folder if preset.dataset else None
+            other = folders.setdefault(folder, preset) if folder is not None else preset
+            if other is not preset and (other.env_id, other.dataset) != (preset.env_id, preset.dataset):
+                raise ZooError(f"{where}: its dataset lands in {folder} as that of zoo preset '{other.name}', but "
+                               "with another recipe; give it another dataset_id or root")
     if not presets:
         raise ZooError(f"no presets in {path}")
     return presets

@@ -96,7 +96,7 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
         "normalised": _normalised(preset, scores),
         "sps_mean": _mean(ok, "sps"), "wall_time_s_mean": _mean(ok, "wall_time_s"),
         "peak_rss_mb_max": max((r["summary"]["peak_rss_mb"] for r in ok), default=None),
-        "dataset": preset.dataset,
+        "dataset": preset.dataset.command(preset.env_id) if preset.dataset else None,
     }
 
 

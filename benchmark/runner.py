@@ -11,10 +11,17 @@ checkpoint interval) continues from it with `--resume`, appending to its log; on
 checkpoint starts again from scratch. Each sweep invocation makes one attempt per run, so a run
 that fails again after resuming is recorded, not retried in a loop. Paths in commands and logs
 are relative to the working directory (the repository), so records read the same on every clone.
+
+Before its runs, a sweep builds the datasets its presets read (their `dataset` tables), each
+distinct one once, in the driver process, with `benchmark.datasets` (which leaves a dataset made by
+the same recipe as it is); its output goes to the sweep's `datasets.log`. A dataset that cannot be
+built fails the runs of the presets that read it, with the maker's one-line message as the reason;
+the other presets run.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -25,13 +32,15 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from .aggregate import crossing_step
-from .manifest import ArgValue, Mode, Preset, ZooError, is_number
+from .manifest import ArgValue, Dataset, Mode, Preset, ZooError, is_number
 
 SUMMARY_KEYS = ("script", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
                 "wall_time_s", "sps", "peak_rss_mb")
@@ -162,6 +171,57 @@ def open_sweep(sweep_dir: Path, mode: Mode, budget: dict[str, Any], command: str
     meta["commands"].append(command)
     write_json(path, meta)
     write_json(manifest_path, manifest)
+
+
+def _build_dataset(env_id: str, dataset: Dataset, algos_dir: Path, log: io.TextIOBase) -> tuple[bool, str]:
+    """(whether it is there, the maker's last line or its one-line failure), with its output in `log`."""
+    from . import datasets  # Minari and Gymnasium only for sweeps that need a dataset
+
+    args = datasets.Args(env_id=env_id, dataset_id=dataset.dataset_id, episodes=dataset.episodes, noise=dataset.noise,
+                         seed=dataset.seed, root=None if dataset.root is None else Path(dataset.root),
+                         checkpoint=None if dataset.checkpoint is None else Path(dataset.checkpoint), algos_dir=algos_dir)
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out), redirect_stderr(out):
+            datasets.make_dataset(args)
+        ok, line = True, (out.getvalue().strip().splitlines() or ["done"])[-1]
+    except SystemExit as e:  # the maker's refusals: one line
+        ok, line = False, str(e.code)
+    except Exception as e:  # anything else: the traceback to the log, one line to the records
+        out.write(traceback.format_exc())
+        ok, line = False, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    log.write(out.getvalue() + ("" if ok else line + "\n"))
+    return ok, line
+
+
+def build_datasets(presets: list[Preset], algos_dir: Path, log_path: Path, *, ray: bool = False) -> dict[str, str]:
+    """Build each distinct dataset the presets read, once, in this process, appending the output to
+    `log_path` and printing one line per dataset. Returns, per preset whose dataset is missing, the
+    one-line reason its runs fail with. `ray`: the runs read the dataset on Ray workers, in folders
+    of their own, where a relative root does not exist: refused without building."""
+    needs: dict[tuple[str, Dataset], list[str]] = {}
+    for preset in presets:
+        if preset.dataset is not None:
+            needs.setdefault((preset.env_id, preset.dataset), []).append(preset.name)
+    failed: dict[str, str] = {}
+    for (env_id, dataset), names in needs.items():
+        where = ""
+        if ray and dataset.root is not None and not Path(dataset.root).is_absolute():
+            ok, line = False, (f"its root {dataset.root} is relative, and Ray runs execute in folders of their own; "
+                               "give the dataset an absolute root on a folder every node mounts, or use --backend local")
+        else:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as log:
+                log.write(f"--- {dataset.command(env_id)} (for {', '.join(names)}) at {now()} ---\n")
+                ok, line = _build_dataset(env_id, dataset, algos_dir, log)
+            where = f" (output in {relative(log_path)})"
+        if ok:
+            print(f"dataset {dataset.dataset_id} for {', '.join(names)}: {line}", flush=True)
+        else:
+            print(f"dataset {dataset.dataset_id} FAILED, and with it the runs of {', '.join(names)}: {line}{where}",
+                  flush=True)
+            failed.update((name, f"dataset {dataset.dataset_id} not built: {line}") for name in names)
+    return failed
 
 
 def finished_ok(job: Job) -> bool:
