@@ -218,8 +218,7 @@ def build_datasets(presets: list[Preset], algos_dir: Path, log_path: Path, *, ra
         if ok:
             print(f"dataset {dataset.dataset_id} for {', '.join(names)}: {line}", flush=True)
         else:
-            print(f"dataset {dataset.dataset_id} FAILED, and with it the runs of {', '.join(names)}: {line}{where}",
-                  flush=True)
+            print(f"dataset {dataset.dataset_id} for {', '.join(names)} FAILED: {line}{where}", flush=True)
             failed.update((name, f"dataset {dataset.dataset_id} not built: {line}") for name in names)
     return failed
 

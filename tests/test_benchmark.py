@@ -1,6 +1,7 @@
 """The benchmark runner: manifest validation, sweeps of fake algorithm scripts (ok, crash,
 timeout), resume, resource requests, per-run provenance, the sweep's manifest copy, reports,
-plots, comparison groups, `compare`, progress and ETA, the README block, and `dqn-memory`.
+plots, comparison groups, `compare`, progress and ETA, the README block, `dqn-memory`, and the
+datasets a sweep builds before its runs (and `datasets`, which only builds them).
 The statistics are in test_benchmark_stats.py, the Ray cluster in test_benchmark_ray.py."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from benchmark.__main__ import main
 from benchmark.backends import Machine, Storage
 from benchmark.manifest import ZooError, load_zoo, tomllib
 from benchmark.progress import Progress
-from benchmark.runner import plan_jobs
+from benchmark.runner import build_datasets, plan_jobs
 
 ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 
@@ -39,7 +40,8 @@ ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 # because importing torch would cost seconds per run. Its checkpoint is {"step": N}; `--resume`
 # continues the curve after that step. "stall-once" logs half the curve, saves its checkpoint,
 # then waits (unless resumed) for SIGTERM, on which it saves again and exits. `--device` and the
-# GPUs it was given (CUDA_VISIBLE_DEVICES) go to config.json, its start and end times to summary.json.
+# GPUs it was given (CUDA_VISIBLE_DEVICES) go to config.json, its start and end times to summary.json,
+# and whether the Minari dataset of `--dataset-path` was there when it started.
 FAKE = textwrap.dedent('''
     import argparse, json, os, signal, sys, time
     from pathlib import Path
@@ -60,11 +62,14 @@ FAKE = textwrap.dedent('''
     p.add_argument("--layers", type=int, nargs="+", default=[64])
     p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--device", default="auto")
+    p.add_argument("--dataset-path", default=None)
     args = p.parse_args()
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     print("fake run", args.env_id, args.seed, "from", Path(__file__).parent, flush=True)
-    (run / "config.json").write_text(json.dumps({**vars(args), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+    ready = args.dataset_path is not None and (Path(args.dataset_path) / "data" / "metadata.json").is_file()
+    (run / "config.json").write_text(json.dumps({**vars(args), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                 "dataset_ready": ready}))
     if args.behaviour == "crash":
         sys.exit("fake.py: error: deliberate crash")
     if args.behaviour == "sleep":
@@ -200,6 +205,28 @@ BAD_MANIFESTS = {
     "group not a string": (preset_toml("x", extra="group = 3"), "'group' must be a str"),
     "normaliser without reference": (preset_toml("x") + NORM, "normalise: missing 'reference'"),
     "normaliser of zero width": (preset_toml("x") + NORM + "reference = 1\n", "'reference' must differ from 'random'"),
+    "dataset as a command": (preset_toml("x", extra='dataset = "python -m benchmark.datasets --env-id X"'),
+                             "dataset: a command line is not run; write a [<preset>.dataset] table of benchmark.datasets "
+                             "arguments (checkpoint, dataset_id, episodes, noise, root, seed)"),
+    "dataset without id": (preset_toml("x", extra="dataset = { episodes = 2 }"), "dataset: missing 'dataset_id'"),
+    "dataset id": (preset_toml("x", extra='dataset = { dataset_id = "../up-v0" }'),
+                   "dataset: 'dataset_id' '../up-v0' is not a Minari id (namespace/)name-v<version>"),
+    "dataset env": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", env_id = "Pendulum-v1" }'),
+                    "dataset: unknown key(s) env_id; allowed: checkpoint, dataset_id"),
+    "dataset episodes": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", episodes = 0 }'),
+                         "dataset: 'episodes' must be a positive int, got 0"),
+    "dataset noise": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", noise = -0.5 }'),
+                      "dataset: 'noise' and 'seed' must be at least 0"),
+    "dataset nan noise": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", noise = nan }'),
+                          "dataset: 'noise' must be a number, got nan"),
+    "dataset root": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", root = 3 }'),
+                     "dataset: 'root' must be a str, got 3"),
+    "dataset elsewhere": (preset_toml("x", full_extra='args = { dataset-path = "data/mc/y-v0" }',
+                                      extra='dataset = { dataset_id = "mc/x-v0", root = "data" }'),
+                          "dataset: the preset reads --dataset-path data/mc/y-v0, but the dataset lands in data/mc/x-v0"),
+    "one folder, two recipes": (preset_toml("w", extra='dataset = { dataset_id = "mc/x-v0", root = "data" }')
+                                + preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", root = "data", noise = 1 }'),
+                                "its dataset lands in data/mc/x-v0 as that of zoo preset 'w', but with another recipe"),
 }
 
 
@@ -706,6 +733,111 @@ def test_the_ray_job_carries_code_and_requirements(tmp_path: Path, zoo, monkeypa
     assert env["working_dir"] == str(tmp_path / "algos") and env["py_modules"] == [str(ROOT / "benchmark")]
     assert env.get("pip") == pip
     assert seen["address"] == ("auto" if "--ray-address" in flags else None)
+
+
+# --- datasets -----------------------------------------------------------------------------
+
+MC_DATA = 'dataset = { dataset_id = "mc/expert-v0", episodes = 1, root = "data" }'
+MC_ARGS = 'dataset-path = "data/mc/expert-v0"'
+
+
+def test_sweep_builds_a_shared_dataset_once_before_its_runs(tmp_path: Path, zoo, capsys):
+    mc = "MountainCarContinuous-v0"  # the fake script takes any id; the maker has a controller for this one
+    args = zoo(preset_toml("a", env=mc, args=MC_ARGS, extra=MC_DATA), preset_toml("b", env=mc, args=MC_ARGS, extra=MC_DATA),
+               preset_toml("plain", env=mc))
+    assert main(["smoke", *args, "--name", "d", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    # One build for both presets, before either ran: each found the dataset there when it started.
+    assert out.count("dataset mc/expert-v0 for a, b: wrote ") == 1 and out.index("dataset mc/expert-v0") < out.index("ok ")
+    for name in ("a", "b"):
+        assert json.loads((tmp_path / f"runs/d/{name}/seed1/config.json").read_text())["dataset_ready"]
+    assert not json.loads((tmp_path / "runs/d/plain/seed1/config.json").read_text())["dataset_ready"]
+    log = (tmp_path / "runs/d/datasets.log").read_text()
+    assert log.count("--- python -m benchmark.datasets --env-id MountainCarContinuous-v0 --dataset-id mc/expert-v0 "
+                     "--episodes 1 --noise 0.0 --seed 0 --root data (for a, b) at ") == 1
+    assert log.count("wrote ") == 1
+    data = tmp_path / "data/mc/expert-v0/data/main_data.hdf5"
+    made = data.stat().st_mtime_ns
+    report = (tmp_path / "runs/d/report.md").read_text()
+    assert "- dataset: python -m benchmark.datasets --env-id MountainCarContinuous-v0 --dataset-id mc/expert-v0" in report
+    # Another sweep finds it made by the same recipe and leaves it alone; so does a resumed sweep
+    # that has nothing left to run for the presets (no dataset step at all).
+    assert main(["smoke", *args, "--name", "d2", "--preset", "a"]) == 0
+    assert "dataset mc/expert-v0 for a: up to date: " in capsys.readouterr().out and data.stat().st_mtime_ns == made
+    assert main(["smoke", *args, "--name", "d"]) == 0
+    assert "dataset mc/expert-v0" not in capsys.readouterr().out
+
+
+def test_a_dataset_that_cannot_be_built_fails_only_its_presets(tmp_path: Path, zoo, capsys):
+    (tmp_path / "afile").write_text("a file where a folder should be")
+    args = zoo(preset_toml("bad", args='dataset-path = "data/fake/x-v0"',
+                           extra='dataset = { dataset_id = "fake/x-v0", root = "data" }'),  # no controller for Fake-v0
+               preset_toml("broken", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", root = "afile" }'),
+               preset_toml("good"))
+    assert main(["smoke", *args, "--name", "f"]) == 1
+    out, err = capsys.readouterr()
+    refusal = ("benchmark.datasets: error: no scripted controller for 'Fake-v0'; choose one of "
+               "MountainCarContinuous-v0, Pendulum-v1, or pass --checkpoint")
+    assert f"dataset fake/x-v0 for bad FAILED: {refusal} (output in runs/f/datasets.log)" in out
+    assert "Traceback" not in out + err
+    bad, broken = record(tmp_path, "f", "bad"), record(tmp_path, "f", "broken")
+    assert bad["status"] == "failed" and bad["reason"] == f"dataset fake/x-v0 not built: {refusal}"
+    # An exception from deeper down (a file where the root should be): one line in the record, the
+    # traceback in the sweep's datasets.log.
+    assert broken["status"] == "failed" and broken["reason"].startswith("dataset pend/x-v0 not built: ")
+    assert "\n" not in broken["reason"] and "Error" in broken["reason"], broken["reason"]
+    assert "Traceback" in (tmp_path / "runs/f/datasets.log").read_text()
+    assert record(tmp_path, "f", "good")["status"] == "ok"
+    assert not (tmp_path / "runs/f/bad/seed1/config.json").exists()  # never started
+    # A checkpoint of an earlier attempt survives a dataset failure, for the next invocation.
+    ckpt = tmp_path / "runs/f/bad/seed1/checkpoints/latest.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_text(json.dumps({"step": 50}))
+    assert main(["smoke", *args, "--name", "f"]) == 1
+    assert record(tmp_path, "f", "bad")["status"] == "failed" and json.loads(ckpt.read_text()) == {"step": 50}
+
+
+def test_datasets_subcommand_builds_only_the_selected_presets_datasets(tmp_path: Path, zoo, capsys):
+    mc = "MountainCarContinuous-v0"
+    zoo(preset_toml("a", env=mc, args=MC_ARGS, extra=MC_DATA),
+        preset_toml("p", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }'),
+        preset_toml("bad", extra='dataset = { dataset_id = "fake/x-v0", root = "data" }'), preset_toml("plain"))
+    common = ["--zoo", "zoo.toml", "--algos-dir", "algos", "--runs-dir", "runs"]
+    assert main(["datasets", *common, "--preset", "a", "plain"]) == 0
+    assert "dataset mc/expert-v0 for a: wrote " in capsys.readouterr().out
+    assert (tmp_path / "data/mc/expert-v0/data/metadata.json").is_file() and not (tmp_path / "data/pend").exists()
+    assert "wrote " in (tmp_path / "runs/datasets.log").read_text()
+    assert not list((tmp_path / "runs").glob("*/"))  # no sweep, no run
+    assert main(["datasets", *common, "--preset", "plain"]) == 0
+    assert "no selected preset reads a dataset" in capsys.readouterr().out
+    assert main(["datasets", *common, "--env", "Fake-v0"]) == 1
+    assert "dataset fake/x-v0 for bad FAILED: benchmark.datasets: error: no scripted " \
+           "controller for 'Fake-v0'" in capsys.readouterr().out
+    assert main(["datasets", *common, "--preset", "nope"]) == 2
+    assert "no preset matches" in capsys.readouterr().err
+
+
+def test_ray_refuses_a_relative_dataset_root_without_building(tmp_path: Path, zoo, capsys):
+    zoo(preset_toml("rel", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }'))
+    presets = list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values())
+    failed = build_datasets(presets, tmp_path / "algos", tmp_path / "datasets.log", ray=True)
+    assert failed == {"rel": "dataset pend/x-v0 not built: its root data is relative, and Ray runs execute in folders "
+                             "of their own; give the dataset an absolute root on a folder every node mounts, or use "
+                             "--backend local"}
+    assert not (tmp_path / "data").exists() and not (tmp_path / "datasets.log").exists()
+
+
+def test_real_rlpd_presets_build_what_they_read(tmp_path: Path):
+    """Every real preset with a dataset reads it, at both budgets, from where the runner builds it."""
+    for manifest in (ROOT / "zoo").glob("*.toml"):
+        for entry in tomllib.loads(manifest.read_text()).values():
+            (tmp_path / f"{entry['algo']}.py").touch()
+    presets = [p for p in load_zoo(ROOT / "zoo", tmp_path).values() if p.dataset]
+    assert {p.name for p in presets} >= {"rlpd-mountaincar-expert", "rlpd-pendulum-noisy-expert"}
+    for preset in presets:
+        for budget in (preset.smoke, preset.full):
+            args = {**preset.args, **budget.args}
+            assert Path(args["dataset-path"]) == preset.dataset.folder and args.get("offline-ratio", 0.5) > 0
 
 
 # --- the real zoo -------------------------------------------------------------------------
