@@ -628,7 +628,7 @@ def test_eval_only_uses_checkpoint_seed_and_run_dir(tiny_ckpt, tmp_path, monkeyp
     quick = dict(eval_only=True, eval_episodes=1, num_envs=1, device="cpu")
     ppo.train(ppo.Args(**quick, checkpoint=str(path), seed=7, max_episode_frames=108_000))
     result = json.loads((tmp_path / "run" / "eval.json").read_text())  # beside checkpoints/
-    atari = dict(game="breakout", sticky=0.0, max_frames=200, frame_stack=2)  # the run's frame limit and stack
+    atari = dict(game="breakout", sticky=0.0, max_frames=200, frame_stack=2, baselines=True)  # the run's frame limit, stack, protocol
     assert calls == [(atari, 1, 10_003)]  # the run's seed, as its final evaluation
     returns, capped = real(agent, atari, 1, 10_003, "cpu")
     assert result["seed"] == 3 and result["eval_returns"] == returns and result["eval_capped_games"] == capped
@@ -638,6 +638,11 @@ def test_eval_only_uses_checkpoint_seed_and_run_dir(tiny_ckpt, tmp_path, monkeyp
     ppo.train(ppo.Args(**quick, checkpoint=str(moved)))
     ppo.train(ppo.Args(**quick, checkpoint=str(path), run_dir=str(tmp_path / "out")))
     assert (tmp_path / "elsewhere" / "eval.json").exists() and (tmp_path / "out" / "eval.json").exists()
+    machado = torch.load(path, weights_only=True)
+    machado["args"]["protocol"] = "machado"
+    torch.save(machado, moved)
+    ppo.train(ppo.Args(**quick, checkpoint=str(moved)))
+    assert calls[-1][0]["baselines"] is False  # eval-only plays the checkpoint's protocol
     assert not (tmp_path / "runs").exists()
 
 
