@@ -1,6 +1,7 @@
 """The Ray backend on a real multi-node cluster on this machine (ray.cluster_utils.Cluster: a head
 without CPUs and two worker nodes of one CPU each, one with a GPU as far as Ray knows): code shipped with each task (no run reads
-the driver's folders), outputs brought back, resource requests, a killed node's run resumed from
+the driver's folders), outputs brought back, resource requests, a dataset built by the driver before
+submitting and read by the run (a relative root refused), a killed node's run resumed from
 storage, and no training process left by a cancelled sweep or a lost driver.
 
 Heavy on a 2-core machine (a cluster takes about half a minute to start), so `slow`, and one test
@@ -65,9 +66,18 @@ def _stored_log(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> str:
 
 
 def runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep) -> None:
+    data = tmp_path / "data"  # absolute, as a folder every node mounts would be
     args = sweep(preset_toml("a"), preset_toml("b", args="score = 7", full_extra="memory_gb = 1"),
-                 preset_toml("huge", full_extra="memory_gb = 100000"), preset_toml("gpu", extra="num_gpus = 1"))
-    assert main(["full", *args, "--name", "ray"]) == 1  # 'huge' fits no node
+                 preset_toml("huge", full_extra="memory_gb = 100000"), preset_toml("gpu", extra="num_gpus = 1"),
+                 preset_toml("data", env="MountainCarContinuous-v0", args=f'dataset-path = "{data}/mc/expert-v0"',
+                             extra=f'dataset = {{ dataset_id = "mc/expert-v0", episodes = 1, root = "{data}" }}'),
+                 preset_toml("relative", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", root = "data" }'))
+    assert main(["full", *args, "--name", "ray"]) == 1  # 'huge' fits no node; 'relative' has no dataset
+    assert json.loads((tmp_path / "runs/ray/data/seed1/config.json").read_text())["dataset_ready"]  # built first
+    assert record(tmp_path, "ray", "data")["status"] == "ok"
+    relative = record(tmp_path, "ray", "relative")
+    assert relative["status"] == "failed" and "its root data is relative" in relative["reason"]
+    assert not (data / "pend").exists()
     assert record(tmp_path, "ray", "gpu")["status"] == "ok"
     assert json.loads((tmp_path / "runs/ray/gpu/seed1/config.json").read_text())["gpus"] == "0"  # Ray gave it one
     for preset, score in (("a", 101.0), ("b", 8.0)):
