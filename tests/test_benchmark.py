@@ -817,6 +817,24 @@ def test_datasets_subcommand_builds_only_the_selected_presets_datasets(tmp_path:
     assert "no preset matches" in capsys.readouterr().err
 
 
+def test_a_dataset_from_a_checkpoint_uses_the_sweeps_algorithm_files(tmp_path: Path, zoo, capsys):
+    from test_datasets import load_algo
+
+    naf = load_algo("naf")
+    naf.save_checkpoint(tmp_path / "naf.pt", naf.Args(env_id="Pendulum-v1", hidden_dim=8), 9,
+                        {"net": naf.NAFNetwork(3, 1, 8).state_dict()})
+    zoo(preset_toml("ckpt", env="Pendulum-v1", args='dataset-path = "data/pend/naf-v0"',
+                    extra='dataset = { dataset_id = "pend/naf-v0", episodes = 1, root = "data", checkpoint = "naf.pt" }'))
+    presets = list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values())
+    assert build_datasets(presets, tmp_path / "algos", tmp_path / "datasets.log") == {
+        "ckpt": f"dataset pend/naf-v0 not built: benchmark.datasets: error: checkpoint naf.pt was written by naf.py, "
+                f"which is not in {tmp_path / 'algos'}; pass --algos-dir"}  # the sweep's --algos-dir, not the repository's
+    assert build_datasets(presets, ROOT / "algos", tmp_path / "datasets.log") == {}
+    assert "dataset pend/naf-v0 for ckpt: wrote " in capsys.readouterr().out
+    metadata = json.loads((tmp_path / "data/pend/naf-v0/data/metadata.json").read_text())
+    assert metadata["algorithm_name"] == "benchmark.datasets checkpoint naf.py naf.pt step=9 episodes=1 noise=0.0 seed=0"
+
+
 def test_ray_refuses_a_relative_dataset_root_without_building(tmp_path: Path, zoo, capsys):
     zoo(preset_toml("rel", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }'))
     presets = list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values())
