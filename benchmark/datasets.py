@@ -140,8 +140,8 @@ def recipe(args: Args, source: str) -> str:
 def shown_path(path: Path) -> str:
     """A checkpoint's path as the recipe records it: relative to the working directory (the
     repository) when inside it, so the same checkpoint reads the same on every clone."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(Path.cwd().resolve())) if resolved.is_relative_to(Path.cwd().resolve()) else str(resolved)
+    resolved, cwd = path.resolve(), Path.cwd().resolve()
+    return str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(resolved)
 
 
 def read_checkpoint(path: Path, env_id: str) -> dict:
@@ -172,7 +172,8 @@ def checkpoint_policy(args: Args, ckpt: dict, env: gym.Env) -> Callable[[np.ndar
     name = ckpt["algo"]
     path = (args.algos_dir or ALGOS_DIR) / f"{name}.py"
     if not path.is_file():
-        raise fail(f"checkpoint {args.checkpoint} was written by {name}.py, which is not in {path.parent}; pass --algos-dir")
+        raise fail(f"checkpoint {args.checkpoint} was written by {name}.py, which is not in {path.parent}; "
+                   "pass --algos-dir")
     spec = importlib.util.spec_from_file_location(f"_dataset_source_{name}", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # type: ignore[union-attr]  # dataclasses look the module up while it loads
@@ -221,8 +222,8 @@ def make_dataset(args: Args) -> Path:
     if not (args.noise >= 0 and np.isfinite(args.noise)):
         raise fail(f"--noise must be a finite number >= 0, got {args.noise}")
     ckpt = read_checkpoint(args.checkpoint, args.env_id) if args.checkpoint is not None else None
-    source = (f"checkpoint {ckpt['algo']}.py {shown_path(args.checkpoint)} step={ckpt['global_step']}"  # type: ignore[arg-type]
-              if ckpt else CONTROLLERS[args.env_id].__name__)
+    source = CONTROLLERS[args.env_id].__name__ if ckpt is None else \
+        f"checkpoint {ckpt['algo']}.py {shown_path(args.checkpoint)} step={ckpt['global_step']}"  # type: ignore[arg-type]
     import minari  # after the checks above, which need no Minari
     from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_dataset import parse_dataset_id
@@ -245,7 +246,8 @@ def make_dataset(args: Args) -> Path:
     try:
         env = gym.make(args.env_id)
     except Exception as e:  # a checkpoint's env whose dependency this machine lacks
-        raise fail(f"cannot make environment {args.env_id!r} ({(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise fail(f"cannot make environment {args.env_id!r} ({first})")
     try:
         controller = checkpoint_policy(args, ckpt, env) if ckpt else CONTROLLERS[args.env_id]
     except SystemExit:
@@ -260,7 +262,8 @@ def make_dataset(args: Args) -> Path:
     try:
         with warnings.catch_warnings():  # Minari warns about every optional metadata field left empty
             warnings.simplefilter("ignore", UserWarning)
-            minari.create_dataset_from_buffers(args.dataset_id, buffers, env=args.env_id, algorithm_name=recipe(args, source),
+            minari.create_dataset_from_buffers(args.dataset_id, buffers, env=args.env_id,
+                                               algorithm_name=recipe(args, source),
                                                description=f"{source} on {args.env_id}, benchmark/datasets.py")
         if folder.exists():
             shutil.rmtree(folder)

@@ -256,7 +256,8 @@ def _dataset(data: Any, where: str, budgets: list[dict[str, ArgValue]]) -> Datas
     for args in budgets:
         path = args.get("dataset-path")
         if dataset.folder is not None and isinstance(path, str) and Path(path) != dataset.folder:
-            raise ZooError(f"{where}: the preset reads --dataset-path {path}, but the dataset lands in {dataset.folder}")
+            raise ZooError(f"{where}: the preset reads --dataset-path {path}, "
+                           f"but the dataset lands in {dataset.folder}")
     return dataset
 
 
