@@ -32,11 +32,16 @@ Implementation details:
    (CartPole's), so a resumed run continues exactly as an uninterrupted one.
 2. --num-actors N: N processes from torch.multiprocessing's *spawn* context (fresh interpreters: no
    forked OpenMP or CUDA state; the same on Linux and macOS). Each owns a vector env and a CPU copy of the
-   policy. Weights go through shared memory: one flat tensor plus a seqlock counter (odd while the learner
+   policy and acts with one torch thread; the learner keeps max(1, threads - N) of torch's threads
+   (OMP_NUM_THREADS, else the cores): one more would take an actor's core for no gain on layers this
+   small. Weights go through shared memory: one flat tensor plus a seqlock counter (odd while the learner
    writes; an actor that overlapped a write reads again), so the learner never waits on an actor. Each
    actor writes its rollout into its own shared buffer and sends only (actor, policy version) through a
    queue; once the learner has copied the buffer, the actor reads the newest weights and collects the next
    rollout while the learner trains. Messages of a few bytes cannot be half-written by a killed actor.
+   SPS (charts/SPS, summary.json's sps) counts env steps over the training loop in both modes: from
+   the moment the actors are ready (spawning and importing take seconds, outside it; the first rollout's
+   wait is inside) to the last update, before the final evaluation and checkpoint.
 3. Policy lag = learner updates since the rollout's weights were published, logged as charts/policy_lag
    (and charts/importance_ratio, the mean pi/mu before the update); a rollout older than --max-policy-lag
    is dropped (charts/dropped_rollouts; its env steps still count).
@@ -60,6 +65,12 @@ Implementation details:
    the networks, optimiser, counters, torch's generator (actions in synchronous mode, minibatches) and,
    in synchronous mode, the env state; actors restart their envs (seeded with the step) on resume.
    SIGINT/SIGTERM skip any evaluation still due, save a checkpoint and exit 0 without summary.json.
+10. Cost: with one actor the learner is the bottleneck (its update is about 60% of a synchronous batch's
+    CPU time on CartPole), and for layers this small each torch op costs microseconds of Python and
+    dispatch whatever its size. So the per-step work is kept to few ops, with the same numbers: fused Adam,
+    log_softmax and gather instead of torch.distributions, the entropy differentiated only when
+    --ent-coef > 0, minibatches cut from one permutation per epoch, clip_grad_norm_'s math in two foreach
+    ops, V-trace with one op per step over all envs, numpy writes into the rollout buffers.
 
 Deviations:
 a. The surrogate's ratio is taken against mu, as the issue asks and Sample Factory does; RLlib's APPO
@@ -102,7 +113,6 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.tensorboard import SummaryWriter
 
@@ -263,11 +273,11 @@ def vtrace(log_rho, rewards, values, next_values, terminated, dones, gamma: floa
     ratio = log_rho.exp()
     rho, c = ratio.clamp(max=rho_bar), lam * ratio.clamp(max=c_bar)
     discount = gamma * (1.0 - terminated)
-    delta = rho * (rewards + discount * next_values - values)
-    v_s, correction = torch.empty_like(values), torch.zeros_like(values[0])  # correction = v_{s+1} - V(x_{s+1})
-    for s in reversed(range(len(rewards))):
-        correction = delta[s] + gamma * c[s] * (1.0 - dones[s]) * correction
-        v_s[s] = values[s] + correction
+    delta, trace = rho * (rewards + discount * next_values - values), gamma * c * (1.0 - dones)
+    correction = torch.zeros(len(rewards) + 1, *values.shape[1:], dtype=values.dtype, device=values.device)
+    for s in reversed(range(len(rewards))):  # correction[s] = v_s - V(x_s): all envs at once, one loop over T
+        correction[s] = torch.addcmul(delta[s], trace[s], correction[s + 1])
+    v_s = values + correction[:-1]
     # v_{s+1}: the next target inside an episode, V(x_{s+1}) after an episode end or the rollout's last step.
     v_next = torch.where(dones.bool(), next_values, torch.cat([v_s[1:], next_values[-1:]]))
     return v_s, rho * (rewards + discount * v_next - values)
@@ -275,23 +285,24 @@ def vtrace(log_rho, rewards, values, next_values, terminated, dones, gamma: floa
 
 def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: float) -> torch.Tensor:
     """GAE(lambda) advantages on the same inputs as vtrace (--no-vtrace)."""
-    delta = rewards + gamma * (1.0 - terminated) * next_values - values
-    advantages, last = torch.empty_like(values), torch.zeros_like(values[0])
+    delta, trace = rewards + gamma * (1.0 - terminated) * next_values - values, gamma * lam * (1.0 - dones)
+    advantages = torch.zeros(len(rewards) + 1, *values.shape[1:], dtype=values.dtype, device=values.device)
     for s in reversed(range(len(rewards))):
-        last = delta[s] + gamma * lam * (1.0 - dones[s]) * last
-        advantages[s] = last
-    return advantages
+        advantages[s] = torch.addcmul(delta[s], trace[s], advantages[s + 1])
+    return advantages[:-1]
 
 
 def appo_loss(logits, value, actions, logp_mu, advantages, v_s, clip_coef: float, ent_coef: float, vf_coef: float):
     """PPO's clipped surrogate with the ratio pi/mu against the behaviour policy, the value loss to v_s and
-    the entropy bonus. Returns the loss and [policy loss, value loss, entropy, approx KL, clip fraction]."""
-    dist = Categorical(logits=logits, validate_args=False)  # non-finite logits reach log.check_finite, one line
-    log_ratio = dist.log_prob(actions) - logp_mu
+    the entropy bonus. Returns the loss and [policy loss, value loss, entropy, approx KL, clip fraction].
+    log_softmax and gather, not torch.distributions: the same numbers in fewer ops (the learner is the bottleneck)."""
+    log_pi = logits.log_softmax(-1)  # non-finite logits reach log.check_finite, one line
+    log_ratio = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - logp_mu
     ratio = log_ratio.exp()
     policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - clip_coef, 1 + clip_coef) * advantages).mean()
     value_loss = 0.5 * (value - v_s).pow(2).mean()
-    entropy = dist.entropy().mean()
+    with torch.set_grad_enabled(torch.is_grad_enabled() and ent_coef > 0):  # logged always, differentiated if used
+        entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
     with torch.no_grad():  # KL(mu || pi) estimate k3 (Schulman's blog), as CleanRL
         approx_kl, clipfrac = ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_coef).float().mean()
     stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
@@ -303,7 +314,7 @@ def prepare_batch(agent: Agent, rollout: dict, args: Args) -> tuple[dict, torch.
     (detail 6). Returns the batch and the mean importance ratio pi/mu."""
     with torch.no_grad():
         logits, values = agent(rollout["obs"])  # T + 1 rows: the last is the bootstrap observation x_T
-        log_rho = Categorical(logits=logits[:-1]).log_prob(rollout["actions"]) - rollout["logprobs"]
+        log_rho = logits[:-1].log_softmax(-1).gather(-1, rollout["actions"].unsqueeze(-1)).squeeze(-1) - rollout["logprobs"]
         inputs = (rollout["rewards"], values[:-1], values[1:], rollout["terminated"], rollout["dones"], args.gamma)
         if args.vtrace:
             v_s, advantages = vtrace(log_rho, *inputs, args.lam, args.rho_bar, args.c_bar)
@@ -318,17 +329,18 @@ def prepare_batch(agent: Agent, rollout: dict, args: Args) -> tuple[dict, torch.
 
 
 def update(agent: Agent, optimizer, batch: dict, args: Args) -> torch.Tensor:
-    """update_epochs passes of shuffled minibatches; returns the last minibatch's statistics."""
-    n = len(batch["actions"])
+    """update_epochs passes of shuffled minibatches; returns the last minibatch's statistics. Each epoch permutes
+    the batch once and cuts it into views: the minibatches randperm(n).tensor_split picks, with fewer ops."""
+    n, keys = len(batch["actions"]), ("obs", "actions", "logp_mu", "advantages", "v_s")
     for _ in range(args.update_epochs):
-        for mb in torch.randperm(n, device=batch["actions"].device).tensor_split(min(args.num_minibatches, n)):
-            logits, value = agent(batch["obs"][mb])
-            loss, stats = appo_loss(logits, value, batch["actions"][mb], batch["logp_mu"][mb], batch["advantages"][mb],
-                                    batch["v_s"][mb], args.clip_coef, args.ent_coef, args.vf_coef)
+        perm = torch.randperm(n, device=batch["actions"].device)
+        for obs, actions, logp_mu, advantages, v_s in zip(*(batch[k][perm].tensor_split(min(args.num_minibatches, n)) for k in keys)):
+            loss, stats = appo_loss(*agent(obs), actions, logp_mu, advantages, v_s, args.clip_coef, args.ent_coef, args.vf_coef)
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(agent.actor.parameters(), MAX_GRAD_NORM)  # each network apart (deviation e)
-            nn.utils.clip_grad_norm_(agent.critic.parameters(), MAX_GRAD_NORM)
+            for net in (agent.actor, agent.critic):  # each network apart (deviation e): clip_grad_norm_'s math, fewer ops
+                grads = [p.grad for p in net.parameters()]
+                torch._foreach_mul_(grads, (MAX_GRAD_NORM / (torch.stack(torch._foreach_norm(grads)).norm() + 1e-6)).clamp(max=1.0))
             optimizer.step()
         if args.target_kl is not None and stats[3] > args.target_kl:
             break
@@ -349,33 +361,34 @@ class Collector:
 
     def __init__(self, env_id: str, num_envs: int, seed: int):
         self.envs = make_vector_env(env_id, num_envs)
-        obs, _ = self.envs.reset(seed=seed)
-        self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
-        self.autoreset = torch.zeros(num_envs, dtype=torch.bool)  # NEXT_STEP: the coming step only resets these
+        self.next_obs, _ = self.envs.reset(seed=seed)
+        self.autoreset = np.zeros(num_envs, dtype=bool)  # NEXT_STEP: the coming step only resets these
 
     @torch.inference_mode()
     def collect(self, policy: nn.Module, rollout: dict, device: torch.device) -> None:
-        for t in range(len(rollout["actions"])):
-            rollout["obs"][t], rollout["valid"][t] = self.next_obs, ~self.autoreset
-            dist = Categorical(logits=policy(self.next_obs.to(device)), validate_args=False)  # published weights are finite
-            action = dist.sample()
-            obs, reward, terminated, truncated, _ = self.envs.step(action.cpu().numpy())
-            rollout["actions"][t], rollout["logprobs"][t] = action, dist.log_prob(action)
-            rollout["rewards"][t], rollout["terminated"][t] = torch.as_tensor(reward), torch.as_tensor(terminated)
-            self.autoreset = torch.as_tensor(terminated | truncated)
-            rollout["dones"][t] = self.autoreset
-            self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
-        rollout["obs"][-1] = self.next_obs  # x_T, the real final observation if the last step ended an episode
+        # Numpy writes into views of the (CPU) buffers, and Categorical's draw by hand: on tensors this small
+        # each torch op costs microseconds, as much as a CartPole step.
+        buf = {k: v.numpy() for k, v in rollout.items()}
+        for t in range(len(buf["actions"])):
+            buf["obs"][t], buf["valid"][t] = self.next_obs, ~self.autoreset
+            log_pi = policy(rollout["obs"][t].to(device)).log_softmax(-1)  # published weights are finite
+            action = torch.multinomial(log_pi.exp(), 1)  # Categorical(logits).sample()'s draw
+            buf["actions"][t], buf["logprobs"][t] = action.squeeze(-1).cpu(), log_pi.gather(-1, action).squeeze(-1).cpu()
+            self.next_obs, reward, terminated, truncated, _ = self.envs.step(buf["actions"][t])
+            self.autoreset = terminated | truncated
+            buf["rewards"][t], buf["terminated"][t], buf["dones"][t] = reward, terminated, self.autoreset
+        buf["obs"][-1] = self.next_obs  # x_T, the real final observation if the last step ended an episode
 
 
 def finished_episodes(rollout: dict, ep_return: torch.Tensor, ep_length: torch.Tensor) -> list[tuple[float, int]]:
     """(return, length) of the episodes that ended in the rollout; ep_return and ep_length [N] carry the
     episodes in progress and are updated in place. Autoreset rows (not valid) add nothing."""
-    ended = []
-    for t in range(len(rollout["rewards"])):
-        ep_return += rollout["rewards"][t] * rollout["valid"][t]
-        ep_length += rollout["valid"][t]
-        for i in rollout["dones"][t].nonzero().flatten().tolist():
+    ended, ep_return, ep_length = [], ep_return.numpy(), ep_length.numpy()  # numpy views, cheaper per op
+    rewards, valid, dones = (rollout[k].numpy() for k in ("rewards", "valid", "dones"))
+    for t in range(len(rewards)):
+        ep_return += rewards[t] * valid[t]
+        ep_length += valid[t]
+        for i in np.flatnonzero(dones[t]):
             ended.append((float(ep_return[i]), int(ep_length[i])))
             ep_return[i], ep_length[i] = 0.0, 0
     return ended
@@ -404,14 +417,14 @@ class LocalSource:
 
     def state(self) -> dict:
         c = self.collector
-        return {"env": env_state(c.envs), "next_obs": c.next_obs, "autoreset": c.autoreset,
+        return {"env": env_state(c.envs), "next_obs": torch.from_numpy(c.next_obs), "autoreset": torch.from_numpy(c.autoreset),
                 "ep_return": self.ep_return, "ep_length": self.ep_length}
 
     def load_state(self, state: dict) -> None:
         """Continue the checkpoint's episodes where the env state can be restored (native vector envs)."""
         if state.get("env") and env_state(self.collector.envs):
             set_env_state(self.collector.envs, state["env"])
-            self.collector.next_obs, self.collector.autoreset = state["next_obs"], state["autoreset"]
+            self.collector.next_obs, self.collector.autoreset = state["next_obs"].numpy(), state["autoreset"].numpy()
             self.ep_return, self.ep_length = state["ep_return"], state["ep_length"]
 
 
@@ -570,7 +583,7 @@ def train(args: Args) -> None:
     obs_dim, n_actions = check_env(args.env_id)
     ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs")) if args.resume else None
     agent = Agent(obs_dim, n_actions, args.hidden_dim).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel, not a loop of ops
     global_step, version, dropped, lags = 0, 0, 0, []
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
@@ -578,7 +591,8 @@ def train(args: Args) -> None:
         global_step, version, dropped = ckpt["global_step"], ckpt["version"], ckpt["dropped"]
         set_rng_state(ckpt["rng"], torch=torch.default_generator)
     stop = StopSignal()
-    if args.num_actors:
+    if args.num_actors:  # each actor acts on a core of its own with one thread: the learner's threads leave them room
+        torch.set_num_threads(max(1, torch.get_num_threads() - args.num_actors))
         source = Actors(args, agent, obs_dim, version, global_step, stop)
     else:
         source = LocalSource(args, agent, obs_dim, device, args.seed + global_step)
@@ -602,7 +616,7 @@ def train(args: Args) -> None:
                 log.check_finite(stats, global_step)  # before publishing: actors never get non-finite weights
                 version += 1
                 source.publish(agent, version)
-                log.scalars(global_step, {**dict(zip(LOSS_TAGS, stats)), "charts/learning_rate": lr, "charts/importance_ratio": ratio})
+                log.scalars(global_step, {**dict(zip(LOSS_TAGS, stats.tolist())), "charts/learning_rate": lr, "charts/importance_ratio": ratio})
             else:
                 dropped += 1
             log.scalars(global_step, {"charts/policy_lag": lags[-1], "charts/dropped_rollouts": dropped, "charts/SPS": log.sps(global_step)})

@@ -1,9 +1,9 @@
 """Tests of algos/appo.py: V-trace against the paper's sum written as a per-step loop (terminations,
 truncations, clipped ratios), its on-policy reduction to bootstrapped returns, GAE, the clipped loss
-by hand, the rollout's NEXT_STEP handling and truncation bootstrap on a counting env, the seqlock,
-resume equivalence and determinism in synchronous mode, the actor processes (a tiny job with lag and
-dropped rollouts, actors ignoring SIGINT/SIGTERM, a killed actor, an actor's error, SIGTERM to the
-learner; no process left behind in any case), and bad input."""
+by hand, update() against the plain minibatch loop, the rollout's NEXT_STEP handling and truncation
+bootstrap on a counting env, the seqlock, resume equivalence and determinism in synchronous mode, the
+actor processes (a tiny job with lag and dropped rollouts, actors ignoring SIGINT/SIGTERM, a killed actor,
+an actor's error, SIGTERM to the learner; no process left behind in any case), and bad input."""
 
 from __future__ import annotations
 
@@ -149,6 +149,40 @@ def test_clipped_loss_hand_computed():
     # Clipped terms pass no gradient (and the entropy's is 0 at the uniform policy): only samples 1 and 2 move pi.
     assert logits.grad[0].abs().max() < 1e-8 and logits.grad[3].abs().max() < 1e-8
     assert logits.grad[1].abs().min() > 1e-3 and logits.grad[2].abs().min() > 1e-3
+
+
+@pytest.mark.parametrize("ent_coef", [0.0, 0.05])
+def test_update_equals_the_plain_minibatch_loop(ent_coef):
+    """update()'s cheaper ops (one permutation per epoch, log_softmax, the entropy differentiated only when used,
+    foreach clipping, fused Adam) train as the plain loop: a randperm index per minibatch, torch.distributions,
+    nn.utils.clip_grad_norm_ per network, Adam's default loop; the same draws, the same weights."""
+    from torch.distributions import Categorical
+    torch.manual_seed(0)
+    ours = appo.Agent(4, 3, 16)
+    ref = appo.Agent(4, 3, 16)
+    ref.load_state_dict(ours.state_dict())
+    n, args = 100, appo.Args(update_epochs=3, num_minibatches=4, ent_coef=ent_coef, clip_coef=0.2)
+    batch = {"obs": torch.randn(n, 4), "actions": torch.randint(0, 3, (n,)), "logp_mu": -1 - torch.rand(n),
+             "advantages": 5 * torch.randn(n), "v_s": 10 * torch.randn(n)}  # large: the clipping acts
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-5, foreach=False)
+    torch.manual_seed(1)
+    for _ in range(args.update_epochs):
+        for mb in torch.randperm(n).tensor_split(args.num_minibatches):
+            logits, value = ref(batch["obs"][mb])
+            dist = Categorical(logits=logits)
+            ratio = (dist.log_prob(batch["actions"][mb]) - batch["logp_mu"][mb]).exp()
+            adv = batch["advantages"][mb]
+            policy_loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+            loss = policy_loss + 0.5 * 0.5 * (value - batch["v_s"][mb]).pow(2).mean() - ent_coef * dist.entropy().mean()
+            ref_opt.zero_grad()
+            loss.backward()
+            assert torch.nn.utils.clip_grad_norm_(ref.actor.parameters(), appo.MAX_GRAD_NORM) > appo.MAX_GRAD_NORM
+            torch.nn.utils.clip_grad_norm_(ref.critic.parameters(), appo.MAX_GRAD_NORM)
+            ref_opt.step()
+    torch.manual_seed(1)
+    appo.update(ours, torch.optim.Adam(ours.parameters(), lr=1e-2, eps=1e-5, fused=True), batch, args)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_seqlock_round_trip_and_torn_read():
