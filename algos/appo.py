@@ -332,14 +332,15 @@ def update(agent: Agent, optimizer, batch: dict, args: Args) -> torch.Tensor:
     """update_epochs passes of shuffled minibatches; returns the last minibatch's statistics. Each epoch permutes
     the batch once and cuts it into views: the minibatches randperm(n).tensor_split picks, with fewer ops."""
     n, keys = len(batch["actions"]), ("obs", "actions", "logp_mu", "advantages", "v_s")
+    nets = [list(net.parameters()) for net in (agent.actor, agent.critic)]  # listed once: parameters() walks the modules
     for _ in range(args.update_epochs):
         perm = torch.randperm(n, device=batch["actions"].device)
         for obs, actions, logp_mu, advantages, v_s in zip(*(batch[k][perm].tensor_split(min(args.num_minibatches, n)) for k in keys)):
             loss, stats = appo_loss(*agent(obs), actions, logp_mu, advantages, v_s, args.clip_coef, args.ent_coef, args.vf_coef)
             optimizer.zero_grad()
             loss.backward()
-            for net in (agent.actor, agent.critic):  # each network apart (deviation e): clip_grad_norm_'s math, fewer ops
-                grads = [p.grad for p in net.parameters()]
+            for params in nets:  # each network apart (deviation e): clip_grad_norm_'s math, fewer ops
+                grads = [p.grad for p in params]
                 torch._foreach_mul_(grads, (MAX_GRAD_NORM / (torch.stack(torch._foreach_norm(grads)).norm() + 1e-6)).clamp(max=1.0))
             optimizer.step()
         if args.target_kl is not None and stats[3] > args.target_kl:
