@@ -107,7 +107,7 @@ POLICIES: dict[str, Callable[[Any, dict, int, int], Callable]] = {
 @dataclass
 class Args:
     env_id: str
-    """environment with a scripted controller: MountainCarContinuous-v0 or Pendulum-v1"""
+    """environment: MountainCarContinuous-v0 or Pendulum-v1 (scripted controllers), or the env of --checkpoint"""
     dataset_id: str
     """Minari dataset id, (namespace/)name-v<version>, e.g. mountaincar/expert-v0"""
     episodes: int = 10

@@ -13,6 +13,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,3 +152,30 @@ def sigterm_on_call(n: int, fn):
         return fn(*args, **kwargs)
 
     return wrapper, calls
+
+
+class ScriptedGames:
+    """Fake Atari vector env for evaluation tests: at the steps in events[i], env i loses a life ("life"),
+    ends its game ("term") or hits the time limit ("trunc"); 1 point per step; games that ended go on (as
+    autoreset does) and may end again. It records the actions it is given; FIRE is action 1."""
+
+    fire = 1
+
+    def __init__(self, events, frame_stack=4):
+        self.events, self.steps, self.actions = events, 0, []
+        self.obs, self.lives = np.zeros((len(events), frame_stack, 84, 84), np.uint8), np.full(len(events), 5)
+        self.single_action_space = types.SimpleNamespace(n=4)
+
+    def reset(self, seed=None):
+        return self.obs, {"lives": self.lives.copy()}
+
+    def step(self, actions):
+        self.steps += 1
+        self.actions.append(actions.copy())
+        kinds = [events.get(self.steps) for events in self.events]
+        self.lives -= np.array([k == "life" for k in kinds])
+        term, trunc = np.array([k == "term" for k in kinds]), np.array([k == "trunc" for k in kinds])
+        return self.obs, np.ones(len(kinds)), term, trunc, {"lives": self.lives.copy(), "final_obs": self.obs}
+
+    def close(self):
+        pass

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
+from conftest import (ALGOS, ScriptedGames, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
                       sigterm_on_call, summary)
 
 spec = importlib.util.spec_from_file_location("dqn_atari", ALGOS / "dqn_atari.py")
@@ -197,27 +197,6 @@ def test_buffer_matches_naive_on_real_env_stream():
     ids = np.flatnonzero(buffer.valid.reshape(-1))
     assert len(ids) > 300
     assert_same(buffer, naive, mapping, ids.tolist())
-
-
-def test_learning_flags():
-    """d of one vector step under both protocols: a lost life is terminal only under baselines."""
-    term = np.array([False, False, True, False, True])
-    trunc = np.array([False, False, False, True, True])
-    lives = np.array([3, 2, 5, 5, 5])  # env 2-4 ended: lives are the reset game's
-    prev = np.array([3, 3, 1, 2, 1])
-    done, lost = dqn.learning_flags(term, trunc, lives, prev, True)
-    assert done.tolist() == [False, True, True, False, True]  # life loss, game over, truncation bootstraps, both
-    assert lost.tolist() == [False, True, False, False, False]  # a game over is not a lost life
-    done_m, lost_m = dqn.learning_flags(term, trunc, lives, prev, False)  # machado: no life signal
-    assert done_m.tolist() == [False, False, True, False, True] and (lost_m == lost).all()
-
-
-@pytest.mark.parametrize("protocol, env_id, resolved", [
-    ("auto", "BreakoutNoFrameskip-v4", "baselines"), ("auto", "ALE/Breakout-v5", "machado"),
-    ("machado", "BreakoutNoFrameskip-v4", "machado"), ("baselines", "ALE/Pong-v5", "baselines"),
-])
-def test_resolve_protocol(protocol, env_id, resolved):
-    assert dqn.resolve_protocol(protocol, env_id) == resolved
 
 
 # ---------------------------------------------------------------- math, network, env ids
@@ -460,31 +439,6 @@ def test_rollout_forces_fire_after_a_lost_life_into_the_replay(tmp_path, fake_ga
     assert (actions[slot == 10] == 1).all() == (protocol == "baselines")
     assert len(set(actions[slot < 9].tolist())) > 1  # the other steps are the agent's (here random)
     assert summary(tmp_path / "r")["protocol"] == protocol
-
-
-class ScriptedGames:
-    """Fake vector env for evaluation: env i loses a life ("life") or ends its game ("term") at the steps
-    in events[i], scoring 1 per step; it records the actions it is given."""
-
-    fire, single_action_space = 1, gym.spaces.Discrete(4)
-
-    def __init__(self, events):
-        self.events, self.steps, self.actions = events, 0, []
-        self.obs, self.lives = np.zeros((len(events), 4, 84, 84), np.uint8), np.full(len(events), 5)
-
-    def reset(self, seed=None):
-        return self.obs, {"lives": self.lives.copy()}
-
-    def step(self, actions):
-        self.steps += 1
-        self.actions.append(actions.copy())
-        kinds = [events.get(self.steps) for events in self.events]
-        self.lives -= np.array([k == "life" for k in kinds])
-        term, trunc = np.array([k == "term" for k in kinds]), np.zeros(len(kinds), np.bool_)
-        return self.obs, np.ones(len(kinds)), term, trunc, {"lives": self.lives.copy(), "final_obs": self.obs}
-
-    def close(self):
-        pass
 
 
 class Noop(torch.nn.Module):

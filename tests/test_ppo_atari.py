@@ -23,7 +23,7 @@ import pytest
 import torch
 from ale_py import roms
 
-from conftest import ALGOS, check_error, check_ok, copy_alone, run_script, scalars, sigterm_on_call, summary
+from conftest import ALGOS, ScriptedGames, check_error, check_ok, copy_alone, run_script, scalars, sigterm_on_call, summary
 
 SCRIPT = "ppo_atari.py"
 TINY = ("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
@@ -93,27 +93,6 @@ def test_gae_matches_per_step_loop():
     adv, _ = ppo.gae(r, v, nv, term, trunc, tv, 0.99, 0.95)
     ref = gae_loop(r.tolist(), v.tolist(), nv.tolist(), term.tolist(), trunc.tolist(), tv.tolist(), 0.99, 0.95)
     torch.testing.assert_close(adv, torch.tensor(ref), rtol=1e-5, atol=1e-5)
-
-
-def test_learning_flags():
-    term = np.array([False, False, True, False, True])
-    trunc = np.array([False, False, False, True, True])
-    lives = np.array([3, 2, 5, 5, 5])  # env 2-4 ended: lives are the reset game's
-    prev = np.array([3, 3, 1, 2, 1])
-    terminal, cut, lost = ppo.learning_flags(term, trunc, lives, prev, True)
-    assert terminal.tolist() == [False, True, True, False, True]  # life loss, game over, both
-    assert cut.tolist() == [False, False, False, True, False]  # game over beats the time limit
-    assert lost.tolist() == [False, True, False, False, False]  # a game over is not a lost life
-    terminal, cut_m, lost_m = ppo.learning_flags(term, trunc, lives, prev, False)  # machado: no life signal
-    assert terminal.tolist() == [False, False, True, False, True] and (cut_m == cut).all() and (lost_m == lost).all()
-
-
-@pytest.mark.parametrize("protocol, env_id, resolved", [
-    ("auto", "BreakoutNoFrameskip-v4", "baselines"), ("auto", "ALE/Breakout-v5", "machado"),
-    ("machado", "BreakoutNoFrameskip-v4", "machado"), ("baselines", "ALE/Pong-v5", "baselines"),
-])
-def test_resolve_protocol(protocol, env_id, resolved):
-    assert ppo.resolve_protocol(protocol, env_id) == resolved
 
 
 class ValueOfMean(torch.nn.Module):
@@ -240,33 +219,6 @@ def test_atari_protocol_refuses(env_id, fragment):
 
 
 # ------------------------------------------------------------------ evaluation and video
-class ScriptedGames:
-    """Fake vector env for evaluation: env i ends at the steps in ends[i] ("term" or "trunc"),
-    scoring 1 per step; games that ended go on (as autoreset does) and may end again."""
-
-    fire = 1
-
-    def __init__(self, ends, frame_stack=4):
-        self.ends, self.steps, self.actions = ends, 0, []
-        self.obs = np.zeros((len(ends), frame_stack, 84, 84), dtype=np.uint8)
-        self.lives = np.full(len(ends), 5)
-
-    def reset(self, seed=None):
-        return self.obs, {"lives": self.lives.copy()}
-
-    def step(self, actions):
-        self.steps += 1
-        self.actions.append(actions.copy())
-        kinds = [end.get(self.steps) for end in self.ends]
-        self.lives -= np.array([k == "life" for k in kinds])
-        term = np.array([k == "term" for k in kinds])
-        trunc = np.array([k == "trunc" for k in kinds])
-        return self.obs, np.ones(len(self.ends)), term, trunc, {"lives": self.lives.copy()}
-
-    def close(self):
-        pass
-
-
 class FixedPolicy(torch.nn.Module):
     def __init__(self, probs):
         super().__init__()

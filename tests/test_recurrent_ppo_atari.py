@@ -251,24 +251,6 @@ def test_gae_hand_computed_with_life_loss_and_truncation():
     torch.testing.assert_close(ret, expected + values)
 
 
-def test_learning_flags():
-    term, trunc = np.array([False, False, True, False, True]), np.array([False, False, False, True, True])
-    lives, prev = np.array([3, 2, 5, 5, 5]), np.array([3, 3, 1, 2, 1])  # env 2-4 ended: lives are the reset game's
-    terminal, cut, lost = rppo.learning_flags(term, trunc, lives, prev, True)
-    assert terminal.tolist() == [False, True, True, False, True] and cut.tolist() == [False, False, False, True, False]
-    assert lost.tolist() == [False, True, False, False, False]  # a game over is not a lost life
-    terminal_m, cut_m, lost_m = rppo.learning_flags(term, trunc, lives, prev, False)  # machado: no life signal
-    assert terminal_m.tolist() == [False, False, True, False, True] and (cut_m == cut).all() and (lost_m == lost).all()
-
-
-@pytest.mark.parametrize("protocol, env_id, resolved", [
-    ("auto", "BreakoutNoFrameskip-v4", "baselines"), ("auto", "ALE/Breakout-v5", "machado"),
-    ("machado", "BreakoutNoFrameskip-v4", "machado"), ("baselines", "ALE/Pong-v5", "baselines"),
-])
-def test_resolve_protocol(protocol, env_id, resolved):
-    assert rppo.resolve_protocol(protocol, env_id) == resolved
-
-
 def test_orthogonal_lstm_zero_biases_and_frame_stack():
     agent = rppo.Agent(4, 4, 32)
     w = agent.lstm.weight_hh_l0.detach()  # (4H, H): orthonormal columns
