@@ -1,4 +1,4 @@
-"""`python -m benchmark {smoke,full,datasets,report,readme,compare,dqn-memory}`: run the zoo (building
+"""`python -m benchmark {smoke,full,datasets,report,readme,compare,dqn-memory,ensemble-speed}`: run the zoo (building
 the datasets its presets read first), only build those datasets, report on a sweep, compare two
 sweeps, and measure dqn_atari's replay memory."""
 
@@ -154,6 +154,26 @@ class DqnMemory:
     script: Path = Path("algos/dqn_atari.py")
 
 
+@dataclass
+class EnsembleSpeed:
+    """Critic updates per second of rlpd.py's batched 10-critic ensemble against ten separate modules
+    with the same weights, target rule and optimizer, back to back in one process."""
+
+    hidden: int = 64
+    """Units per hidden layer (the zoo's RLPD presets: 64; the paper: 256)."""
+    batch: int = 128
+    """Minibatch size (the presets: 128; the paper: 256)."""
+    updates: int = 100
+    """Timed updates per round."""
+    rounds: int = 3
+    """Rounds per version, alternating; the medians are reported."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    threads: int = 1
+    """Torch CPU threads (the zoo's runs use one)."""
+    script: Path = Path("algos/rlpd.py")
+
+
 def _matches(value: str, patterns: tuple[str, ...]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
@@ -291,7 +311,7 @@ def run_compare(args: Compare) -> int:
 def main(argv: list[str] | None = None) -> int:
     command = tyro.extras.subcommand_cli_from_dict(
         {"smoke": Smoke, "full": Full, "datasets": Datasets, "report": Report, "readme": Readme, "compare": Compare,
-         "dqn-memory": DqnMemory}, prog="python -m benchmark", args=argv, description=__doc__)
+         "dqn-memory": DqnMemory, "ensemble-speed": EnsembleSpeed}, prog="python -m benchmark", args=argv, description=__doc__)
     line = command_line(sys.argv[1:] if argv is None else argv)
     try:
         if isinstance(command, Full):
@@ -306,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_compare(command)
         if isinstance(command, DqnMemory):
             measure(command.capacity, command.script)
+            return 0
+        if isinstance(command, EnsembleSpeed):
+            from . import ensemble_speed  # torch only for this subcommand
+
+            ensemble_speed.measure(command.hidden, command.batch, command.updates, command.rounds, command.device,
+                                   command.threads, command.script)
             return 0
         update_readme(command.readme, command.results_dir)
         print(f"updated {command.readme}")

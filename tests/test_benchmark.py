@@ -888,3 +888,36 @@ def test_dqn_memory_bad_input(tmp_path: Path, capsys):
         assert main(["dqn-memory", *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_ensemble_speed_times_both_versions_of_the_same_critics(capsys):
+    import torch
+
+    from benchmark import ensemble_speed
+
+    rlpd = ensemble_speed.load_rlpd(ROOT / "algos" / "rlpd.py")
+    torch.manual_seed(3)
+    ensemble = rlpd.EnsembleCritic(4, 5, 8)
+    obs, act = torch.randn(6, 3), torch.randn(6, 2)
+    separate = torch.stack([m(torch.cat([obs, act], -1)).squeeze(-1) for m in ensemble_speed.separate_copies(ensemble)])
+    assert torch.allclose(separate, ensemble(obs, act), atol=1e-6)  # the same functions, member by member
+    assert main(["ensemble-speed", "--hidden", "8", "--batch", "4", "--updates", "2", "--rounds", "2",
+                 "--script", str(ROOT / "algos" / "rlpd.py")]) == 0
+    out = capsys.readouterr().out
+    rates = re.search(r"batched ([\d.]+) vs separate ([\d.]+) critic updates/s: ([\d.]+)x", out)
+    assert rates and float(rates.group(1)) > 0 and float(rates.group(2)) > 0, out
+    assert abs(float(rates.group(1)) / float(rates.group(2)) - float(rates.group(3))) < 0.01 + 1e-3 * float(rates.group(3))
+    assert "rounds: batched " in out and out.count(" / ") == 2  # two rounds of each version listed
+
+
+def test_ensemble_speed_bad_input(tmp_path: Path, capsys):
+    cases = [(["--updates", "0"], "--updates must be positive, got 0"),
+             (["--script", str(tmp_path / "none.py")], "cannot import")]
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "--device cuda, but torch sees no CUDA device"))
+    for args, fragment in cases:
+        assert main(["ensemble-speed", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1, err
