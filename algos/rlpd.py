@@ -22,6 +22,9 @@ Implementation details:
    (torch.baddbmm) per layer evaluates all critics. Each critic is Linear -> LayerNorm -> ReLU, twice,
    then Linear -> 1; LayerNorm normalises each critic's features and has its own gain and bias per
    critic. Weights are Xavier-uniform and biases zero, as the reference's flax layers.
+   Against ten separate modules (`python -m benchmark ensemble-speed`): 3.8x the critic updates per
+   second at 64 units and 3.4x at 256 on an H100, where launches dominate; on one CPU thread 2.9x at 64
+   and 0.8x at 256, since both do the same arithmetic there and batching only saves per-op overhead.
 2. The target's random subset (num_min_qs distinct critics out of num_qs, torch.randperm) is drawn per
    critic update; the entropy term is part of the backup; the mask is 1 - terminated, so a time-limit
    truncation keeps the bootstrap. The critic loss averages over critics and batch, as the reference.
