@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 from . import provenance
 from .manifest import ZooError
-from .runner import (CHECKPOINT, KILL_GRACE_S, LOG_NAME, RECORD_NAME, Job, check_run, execute, make_record, now,
-                     prepare_run_dir, relative, stop_all)
+from .runner import (ATTEMPTS_NAME, CHECKPOINT, KILL_GRACE_S, LOG_NAME, RECORD_NAME, Job, check_run, execute,
+                     make_record, now, prepare_run_dir, relative, start_attempt, stop_all)
 
 OnStart = Callable[[Job, str], None]
 OnProgress = Callable[[Job, "tuple[int, int] | None"], None]
@@ -165,6 +165,7 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
             calls.on_start(job, "local")
             code = provenance.code_version(repo)
             ckpt = prepare_run_dir(job)
+            start_attempt(job.run_dir, code)
             env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} if has_gpus else {}
             result = execute(job.command(ckpt), Path.cwd(), job.run_dir / LOG_NAME, job.timeout_s, _threads(job),
                              env, lambda progress: calls.on_progress(job, progress))
@@ -253,7 +254,8 @@ def _tell(events: Any, event: tuple[str, str, Any]) -> None:
         pass
 
 
-def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, events: Any) -> dict[str, Any]:
+def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, events: Any,
+             code: dict[str, Any]) -> dict[str, Any]:
     """On a Ray worker, in the algorithms folder the job shipped: run the algorithm in a temporary
     folder (from its stored copy and checkpoint, if any), keep the stored copy current, and return
     the result, the host's provenance and the run's outputs (without checkpoints) as a tar archive."""
@@ -266,8 +268,9 @@ def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, even
         stored = Storage(storage) if storage else None
         resumed = stored is not None and stored.restore(run_dir) and (run_dir / CHECKPOINT).is_file()
         run_dir.mkdir(exist_ok=True)
-        for name in ("summary.json", RECORD_NAME):  # an earlier attempt's, not this one's
+        for name in ("summary.json", RECORD_NAME, *(() if resumed else (ATTEMPTS_NAME,))):  # not this attempt's
             (run_dir / name).unlink(missing_ok=True)
+        start_attempt(run_dir, code)
         with open(run_dir / LOG_NAME, "a") as log:
             log.write(f"\n--- attempt on node {node[:12]} ({platform.node()}) at {now()}"
                       + (f", resumed from {storage}/{CHECKPOINT.as_posix()}" if resumed else "") + " ---\n")
@@ -349,7 +352,7 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
             stored = f"{storage.rstrip('/')}/{job.run_dir.parent.parent.name}/{job.preset.name}/seed{job.seed}" \
                 if storage else None
             argv = job.argv("unused", "run")[1:]
-            pending[task.options(**options).remote(job, argv, stored, sync_s, events)] = job
+            pending[task.options(**options).remote(job, argv, stored, sync_s, events, code)] = job
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             try:

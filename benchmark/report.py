@@ -122,7 +122,8 @@ def _shown(value: Any) -> str:
 
 def provenance_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The distinct values of each provenance field over a sweep's runs ("unknown" where a run
-    did not record one), and the distinct notes."""
+    did not record one; the code and host of a resumed run's earlier attempts included), and the
+    distinct notes."""
     fields: dict[str, set[str]] = {}
     for r in records:
         prov = r["provenance"]
@@ -130,6 +131,10 @@ def provenance_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "device": prov.get("device"), **(prov.get("versions") or {})}
         for key, value in flat.items():
             fields.setdefault(key, set()).add(_shown(value))
+        if "earlier_attempts" in prov:
+            for attempt in prov["earlier_attempts"] or [{}]:  # None: not known
+                for key in ("commit", "dirty", "host"):
+                    fields[key].add(_shown(attempt.get(key)))
         if prov.get("note"):
             fields.setdefault("notes", set()).add(prov["note"])
     return {key: sorted(values) for key, values in fields.items()}
@@ -286,7 +291,11 @@ def render_report(results: dict[str, Any], plots: Path | None) -> str:
     for r in results["runs"]:
         prov = r["provenance"]
         versions = prov.get("versions") or {}
-        cells = [f"{r['preset']}/seed{r['seed']}", r["status"], _shown(prov.get("commit"))[:10], _shown(prov.get("dirty")),
+        commit = _shown(prov.get("commit"))[:10]
+        if "earlier_attempts" in prov:
+            earlier = [_shown(a.get("commit"))[:10] for a in prov["earlier_attempts"] or [{}]]
+            commit += f" (resumed from {', '.join(dict.fromkeys(earlier))})"
+        cells = [f"{r['preset']}/seed{r['seed']}", r["status"], commit, _shown(prov.get("dirty")),
                  _shown(prov.get("host")), _shown(prov.get("device")),
                  *(_shown(versions.get(lib)) for lib in ("torch", "gymnasium", "ale-py"))]
         lines.append("| " + " | ".join(cells) + " |")

@@ -4,7 +4,8 @@ A sweep lives in `<runs_dir>/<sweep>/`: `sweep.json` (mode, budget scale, the co
 that ran it), `manifest.json` (the tables of the presets it ran, as they were: the report reads
 targets and references from this copy, not from today's zoo) and one folder per run,
 `<preset>/seed<k>/`, which is the algorithm's run directory plus the runner's `benchmark.log`
-(the run's stdout and stderr) and `run.json` (the record, with its curves and provenance). A run
+(the run's stdout and stderr), `attempts.json` (the code and host of each attempt that trained it)
+and `run.json` (the record, with its curves and provenance). A run
 whose `run.json` says "ok" is skipped when the sweep runs again. A run that did not finish but
 left `checkpoints/latest.pt` (saved on SIGTERM at the time limit or on Ctrl-C, or at a
 checkpoint interval) continues from it with `--resume`, appending to its log; one without a
@@ -25,6 +26,7 @@ import io
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import signal
@@ -45,6 +47,8 @@ from .manifest import ArgValue, Dataset, Mode, Preset, ZooError, is_number
 SUMMARY_KEYS = ("script", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
                 "wall_time_s", "sps", "peak_rss_mb")
 LOG_NAME, RECORD_NAME, MANIFEST_NAME = "benchmark.log", "run.json", "manifest.json"
+# In a run dir: the code and host of each attempt that trained it (a resumed run spans several).
+ATTEMPTS_NAME = "attempts.json"
 LOG_TAIL_LINES = 40
 CHECKPOINT = Path("checkpoints") / "latest.pt"  # in the run dir, the one a re-run resumes from
 # At the time limit a run gets SIGTERM, then this long to save its checkpoint and exit before
@@ -365,11 +369,25 @@ def check_run(job: Job, run_dir: Path, result: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def start_attempt(run_dir: Path, code: dict[str, Any]) -> None:
+    """Add this attempt (the code's version, this host, the time) to the run folder's list, which a
+    resumed run keeps: a sweep resumed across commits continues runs that trained under both."""
+    path = run_dir / ATTEMPTS_NAME
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    write_json(path, [*attempts, {**code, "host": platform.node(), "started": now()}])
+
+
 def make_record(job: Job, checked: dict[str, Any], command: list[str], provenance: dict[str, Any],
                 resumed: bool = False) -> dict[str, Any]:
     """Write a run's record (`run.json`) from `check_run`'s result; `resumed`: this attempt
-    continued from an earlier attempt's checkpoint; `provenance`: the code's version and the host's."""
+    continued from an earlier attempt's checkpoint; `provenance`: the code's version and the host's.
+    A resumed run's provenance adds `earlier_attempts` (see `start_attempt`; None where the folder
+    predates that list)."""
     preset = job.preset
+    if resumed:
+        path = job.run_dir / ATTEMPTS_NAME
+        attempts = json.loads(path.read_text()) if path.exists() else []
+        provenance = {**provenance, "earlier_attempts": attempts[:-1] if len(attempts) > 1 else None}
     record = {"preset": preset.name, "algo": preset.algo, "env_id": preset.env_id, "seed": job.seed,
               "total_steps": job.total_steps, "resumed": resumed, "command": command, **checked,
               "provenance": provenance}

@@ -488,6 +488,31 @@ def test_each_run_records_its_provenance(tmp_path: Path, zoo):
     assert f"| a/seed1 | ok | {commit[:10]} | True | {os.uname().nodename} | cpu |" in report
 
 
+def test_a_run_resumed_across_commits_keeps_each_attempts_commit(tmp_path: Path, zoo):
+    """A sweep resumed after a commit continues its unfinished runs: such a run trained under both
+    commits, and its record says so (not only the commit that finished it)."""
+    args = zoo(preset_toml("stall", args='behaviour = "stall-once"', timeout=10))
+    _git(tmp_path, "init", "-q")
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
+    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
+    _git(tmp_path, *commit, "-m", "first")
+    first = _git(tmp_path, "rev-parse", "HEAD")
+    results = ["--results-dir", str(tmp_path / "results")]
+    assert main(["full", *args, "--name", "x", *results]) == 1  # timed out halfway, checkpoint kept
+    assert record(tmp_path, "x", "stall")["provenance"]["commit"] == first
+    args = zoo(preset_toml("stall", args='behaviour = "stall-once"'))  # a change lands (here: the time limit)
+    _git(tmp_path, *commit, "-am", "second")
+    second = _git(tmp_path, "rev-parse", "HEAD")
+    assert main(["full", *args, "--name", "x", *results]) == 0
+    rec = record(tmp_path, "x", "stall")
+    assert rec["resumed"] and rec["provenance"]["commit"] == second
+    (earlier,) = rec["provenance"]["earlier_attempts"]
+    assert (earlier["commit"], earlier["dirty"], earlier["host"]) == (first, False, os.uname().nodename)
+    report = (tmp_path / "results/x/report.md").read_text()
+    assert f"runs at commit(s) {', '.join(f'`{c[:10]}`' for c in sorted([first, second]))} (dirty: False)" in report
+    assert f"| stall/seed1 | ok | {second[:10]} (resumed from {first[:10]}) | False |" in report
+
+
 def test_run_device_follows_the_runs_device_flag(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(provenance, "cuda_device", lambda env: "Fake GPU")
     for asked, device in (("cpu", "cpu"), ("auto", "cuda (Fake GPU)"), ("cuda", "cuda (Fake GPU)")):

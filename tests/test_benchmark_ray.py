@@ -109,6 +109,8 @@ def a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster) 
         assert driver.returncode == 0, (out, err)
         rec = record(tmp_path, "kill", "stall")
         assert rec["status"] == "ok" and rec["resumed"] and rec["command"][-1].endswith("checkpoints/latest.pt")
+        (earlier,) = rec["provenance"]["earlier_attempts"]  # the attempt on the killed node
+        assert earlier["host"] and earlier["started"] < rec["provenance"]["finished"]
         log = (tmp_path / "runs/kill/stall/seed1/benchmark.log").read_text()
         assert log.count("attempt on node") == 2 and "resumed from" in log and "resumed at step 100" in log, log
         assert [step for step, _ in rec["curves"]["train"]] == list(range(10, 201, 10))  # both attempts' points
