@@ -7,10 +7,8 @@ stored once) plus 15 bytes of action, reward and flags per transition.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .manifest import ZooError
+from .scripts import load_script
 
 SOURCE_FRAMES = 4096
 
@@ -34,13 +33,7 @@ def rss_mb() -> float:
 
 
 def load_dqn(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dqn_atari", path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ZooError(f"cannot import {path}: pass the path of dqn_atari.py with --script")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dqn_atari"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, "dqn_atari")
 
 
 def measure(capacity: int, script: Path) -> dict[str, Any]:

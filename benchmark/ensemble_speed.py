@@ -12,9 +12,7 @@ are reported.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,16 +23,11 @@ import torch
 import torch.nn as nn
 
 from .manifest import ZooError
+from .scripts import load_script
 
 
 def load_rlpd(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rlpd", path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ZooError(f"cannot import {path}: pass the path of rlpd.py with --script")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rlpd"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, "rlpd")
 
 
 def separate_copies(ensemble: nn.Module) -> list[nn.Sequential]:
