@@ -112,6 +112,17 @@ def stays_above_step(curve: Sequence[tuple[int, float]], threshold: float) -> in
     return first
 
 
+def run_metric(record: dict[str, Any], metric: str) -> float | None:
+    """A finished run's value of a target metric (manifest.METRICS); None where the run has too
+    few evaluations for it."""
+    if metric == "eval_mean":
+        return record["summary"]["eval_mean"]
+    if metric == "eval_min_last3":
+        evals = [value for _, value in record["curves"]["eval"]]
+        return min(evals[-3:]) if len(evals) >= 3 else None
+    raise ValueError(f"unknown metric {metric!r}")
+
+
 def check_target(target: Target | None, scores: Sequence[float | None], not_applicable: str | None) -> dict[str, Any]:
     """Whether a preset met its target. `scores` has one entry per seed, None for a failed run
     (which counts as a miss); `not_applicable` says why the check does not apply, if so."""

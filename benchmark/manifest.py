@@ -137,6 +137,10 @@ PRESET_KEYS = {
 }
 BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags", "memory_gb"}
 TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "text"}
+# What a target's `metric` may name, per seed: the final evaluation's mean return (summary.json), or
+# the lowest of the last three evaluations' means (the eval curve), which a run that learns and then
+# forgets misses even when its final evaluation recovers.
+METRICS = ("eval_mean", "eval_min_last3")
 REFERENCE_KEYS = {"name", "score", "source", "note"}
 NORMALISE_KEYS = {"name", "random", "reference", "source"}
 DATASET_KEYS = {"dataset_id", "episodes", "noise", "seed", "root", "checkpoint"}
@@ -215,8 +219,11 @@ def _target(data: Any, where: str, seeds: int) -> Target:
     if ("min" in data) == ("above" in data):
         raise ZooError(f"{where}: give exactly one of 'min' (metric >= min) or 'above' (metric > above)")
     strict = "above" in data
+    metric = table.get("metric", "str")
+    if metric not in METRICS:
+        raise ZooError(f"{where}: metric {metric!r} is not one of {', '.join(METRICS)}")
     target = Target(
-        metric=table.get("metric", "str"),
+        metric=metric,
         threshold=table.get("above" if strict else "min", "number"),
         strict=strict,
         at_least=table.get("at_least", "int", positive=True),

@@ -82,7 +82,8 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
         why = f"reduced budget ({', '.join(map(str, steps))} of {preset.full.total_steps:,} steps)"
     elif preset.target is not None and len(records) != preset.target.of:
         why = f"{len(records)} seeds run, the target is over {preset.target.of}"
-    by_seed = [r["summary"]["eval_mean"] if r["status"] == "ok" else None for r in records]
+    metric = preset.target.metric if preset.target else "eval_mean"
+    by_seed = [aggregate.run_metric(r, metric) if r["status"] == "ok" else None for r in records]
     crossings = [r["crossing_step"] for r in records]
     return {
         "algo": preset.algo, "env_id": preset.env_id, "group": preset.group, "total_steps": steps,

@@ -196,6 +196,7 @@ BAD_MANIFESTS = {
     "min and above": (preset_toml("x", target=GOOD + "\nabove = 2"), "exactly one of 'min'"),
     "unknown key": (preset_toml("x", extra="seed = 3"), "unknown key(s) seed"),
     "unknown target key": (preset_toml("x", target=GOOD + "\nmax = 3"), "target: unknown key(s) max"),
+    "unknown metric": (preset_toml("x", target=GOOD.replace("eval_mean", "eval_max")), "metric 'eval_max' is not one of eval_mean, eval_min_last3"),
     "reserved flag": (preset_toml("x", args="total-steps = 5"), "'total-steps' is set by the runner"),
     "bad reference": (preset_toml("x", extra='references = [{name = "a", score = 1}]'), "missing 'source'"),
     "wrong type": (preset_toml("x").replace("timeout_s = 60", 'timeout_s = "1h"', 1), "'timeout_s' must be a"),
@@ -554,6 +555,18 @@ def test_report_uses_the_sweeps_manifest_copy_and_committed_curves(tmp_path: Pat
     assert (results_dir / "m/plots/a.png").exists()  # redrawn from curves.json
     assert main(["report", "--name", "nope", "--results-dir", str(results_dir)]) == 2
     assert "no sweep named 'nope'" in capsys.readouterr().err
+
+
+def test_target_on_the_lowest_of_the_last_three_evaluations(tmp_path: Path, zoo):
+    # The fake run of seed k evaluates 25 + k, 50 + k, 75 + k, 100 + k: its last three are at least 50 + k.
+    target = 'metric = "eval_min_last3"\nmin = 52\nat_least = 2\nof = 2\ntext = "last three evals >= 52"'
+    args = zoo(preset_toml("a", seeds=2, target=target), preset_toml("b", seeds=2, target=target.replace("52", "51")))
+    results_dir = tmp_path / "results"
+    assert main(["full", *args, "--name", "l", "--results-dir", str(results_dir)]) == 1  # 'a' misses
+    presets = json.loads((results_dir / "l/results.json").read_text())["presets"]
+    assert (presets["a"]["target"]["status"], presets["a"]["target"]["passed_seeds"]) == ("missed", 1)
+    assert (presets["b"]["target"]["status"], presets["b"]["target"]["passed_seeds"]) == ("met", 2)
+    assert presets["a"]["eval_mean"]["mean"] == pytest.approx(101.5)  # the final evaluations alone would pass
 
 
 def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys):

@@ -15,7 +15,7 @@ from scipy import stats
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
 from benchmark.aggregate import (check_target, crossing_step, eval_iqm_curve, iqm, iqm_ci, normalise,
-                                 probability_of_improvement, score_stats, stays_above_step)
+                                 probability_of_improvement, run_metric, score_stats, stays_above_step)
 from benchmark.manifest import Target
 
 # full-v1's naf-pendulum final evaluations, seeds 1..5.
@@ -122,6 +122,15 @@ def test_target_counts_a_failed_seed_as_a_miss():
     assert check_target(strict, [100.0, 100.5], None)["status"] == "missed"
     assert check_target(strict, scores, "reduced budget")["status"] == "not applicable"
     assert check_target(None, scores, None)["status"] == "report only"
+
+
+def test_run_metrics_final_and_lowest_of_the_last_three():
+    record = {"summary": {"eval_mean": 900.0}, "curves": {"eval": [[1, 10.0], [2, 1000.0], [3, 120.0], [4, 1000.0], [5, 900.0]]}}
+    assert run_metric(record, "eval_mean") == 900.0
+    assert run_metric(record, "eval_min_last3") == 120.0  # forgot at step 3, recovered by the end
+    assert run_metric({**record, "curves": {"eval": [[1, 10.0], [2, 1000.0]]}}, "eval_min_last3") is None
+    with pytest.raises(ValueError, match="unknown metric"):
+        run_metric(record, "eval_max")
 
 
 def test_human_normalised_breakout():
