@@ -22,11 +22,12 @@ Implementation details:
    mu (|A| values through tanh, so mu lies in [-1, 1]^|A|) and the |A|(|A|+1)/2 entries of L.
 2. The network acts in [-1, 1]^|A|; `scale_action` is the one place that maps to the
    environment's bounds. Exploration noise is added in [-1, 1] space and clipped there.
-3. Exploration (the paper's random process N): Gaussian N(0, noise_scale^2) per step, or
-   Ornstein-Uhlenbeck (as in DDPG, theta = 0.15, sigma = noise_scale) whose state restarts at 0
-   with each episode: it is zeroed on the autoreset step (whose action the env ignores), so an
-   episode's first action carries exactly one increment. Uniform random actions for the first
-   `learning_starts` steps.
+3. Exploration (the paper's random process N): Gaussian N(0, sigma^2) per step, or
+   Ornstein-Uhlenbeck (as in DDPG, theta = 0.15, sigma) whose state restarts at 0 with each
+   episode: it is zeroed on the autoreset step (whose action the env ignores), so an episode's
+   first action carries exactly one increment. sigma falls linearly from `noise_scale` to
+   `final_noise_scale` over the first `noise_decay_steps` steps, then stays (deviation c).
+   Uniform random actions for the first `learning_starts` steps.
 4. The target masks the bootstrap with `terminated` only: a time-limit truncation keeps
    gamma V'(x') of the real final observation, which Gymnasium's NEXT_STEP autoreset
    returns at the step the episode ends.
@@ -51,11 +52,28 @@ a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
    per-sample ReLU layers keep acting and evaluation independent of the batch.
-c. OU sigma = 0.3 (DDPG: 0.2). With Gaussian 0.2, one of three Pendulum seeds collapsed
-   (-1480): P -> 0 (exp of a very negative diagonal), so A stopped depending on u and mu,
-   saturated at +-1, got no gradient. OU 0.3 learned all three (-130 to -147).
-d. Gradient-norm clipping at 10 (not in the paper), a safeguard: early TD errors on
-   Pendulum are large (returns near -1600) and exp on the diagonal of L amplifies big steps.
+c. Exploration noise that decays: OU sigma 0.3 (DDPG: 0.2) falling linearly to 0.05 over the
+   first 15,000 steps (the pytorch-ddpg-naf port decays its OU scale over its first episodes).
+   Each end was measured (issue 13; curves and commands in results/issue13-ablations):
+   - Early, much noise. With Gaussian 0.1 from the start, 2 of 4 Pendulum seeds collapsed
+     (-1558, -1547; Gaussian 0.2 did so on 1 of 3): P -> 0 (exp of a very negative diagonal),
+     so A stopped depending on u, mu saturated at +-1 and got no gradient.
+   - Later, little noise. OU's stationary std is sigma / sqrt(theta (2 - theta)) = 1.9 sigma,
+     so a constant OU 0.3 shifts actions by 0.57 of the half-range. On InvertedPendulum-v5 the
+     training episodes then end after ~15 steps, the replay holds almost only falls, and Q
+     diverges: the batch mean of Q(x, u) was 333-409 after 30k steps on all 5 seeds, where no
+     return exceeds 1 / (1 - gamma) = 100. With the decay (5 seeds), training episodes run for
+     hundreds of steps and Q ends at 145-160: still optimistic, but a fifth of the excess. The
+     evaluations were about as steady either way: the last three (20k, 25k, 30k steps) were all
+     >= 950 on 5 of 5 seeds with the decay and 4 of 5 without, and single evaluations below
+     950 after first reaching it were 3 of 46 against 2 of 34 (one every 2,500 steps). Pendulum-v1 at 20k steps: -122 to
+     -148, mean -137, the same as with the constant OU 0.3 (-123 to -147, mean -137).
+d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safeguard: early TD
+   errors on Pendulum are large (returns near -1600) and exp on the diagonal of L amplifies big
+   steps. The port's clip at 1 with its heads initialised at 0.1 scale (`--max-grad-norm 1
+   --head-init-scale 0.1`) did not stop the divergence under constant OU noise on
+   InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). Input
+   normalisation and several updates per step, the ports' other stabilisers, were not measured.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
@@ -87,7 +105,6 @@ import tyro
 from torch.utils.tensorboard import SummaryWriter
 
 OU_THETA = 0.15  # Ornstein-Uhlenbeck mean reversion (paper / DDPG, Lillicrap et al. 2015)
-MAX_GRAD_NORM = 10.0  # deviation d
 
 
 @dataclass
@@ -144,9 +161,17 @@ class Args:
     noise: Literal["gaussian", "ou"] = "ou"
     """exploration noise process, added to mu(x) in [-1, 1] action space"""
     noise_scale: float = 0.3
-    """sigma of the OU process / standard deviation of the Gaussian noise"""
+    """sigma of the OU process / std of the Gaussian noise at the start (detail 3)"""
     updates_per_step: int = 1
     """gradient steps per environment step"""
+    final_noise_scale: float | None = 0.05
+    """noise scale reached linearly at --noise-decay-steps, then kept (None: constant --noise-scale)"""
+    noise_decay_steps: int = 15_000
+    """environment steps over which the noise scale falls to --final-noise-scale"""
+    head_init_scale: float = 1.0
+    """factor on the initial weights and biases of the V, mu and L heads"""
+    max_grad_norm: float = 10.0
+    """clip the gradient to this global norm (0: off)"""
 
 
 # ---------------------------------------------------------------- environment
@@ -198,13 +223,16 @@ def scale_action(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray
 class NAFNetwork(nn.Module):
     """Trunk with heads V(x), mu(x) and the entries of L(x) (detail 1)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int):
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int, head_init_scale: float = 1.0):
         super().__init__()
         self.act_dim = act_dim
         self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, hidden_dim), nn.ReLU())
         self.v_head = nn.Linear(hidden_dim, 1)
         self.mu_head = nn.Linear(hidden_dim, act_dim)
         self.l_head = nn.Linear(hidden_dim, act_dim * (act_dim + 1) // 2)
+        with torch.no_grad():
+            for p in (*self.v_head.parameters(), *self.mu_head.parameters(), *self.l_head.parameters()):
+                p.mul_(head_init_scale)
         self.register_buffer("tril_rows", torch.tril_indices(act_dim, act_dim)[0], persistent=False)
         self.register_buffer("tril_cols", torch.tril_indices(act_dim, act_dim)[1], persistent=False)
 
@@ -261,6 +289,13 @@ def exploration_noise(kind: str, state: np.ndarray, scale: float, rng: np.random
     return state, state
 
 
+def noise_scale(args: Args, step: int) -> float:
+    """sigma of the exploration noise at `step` (detail 3): linear from noise_scale to final_noise_scale."""
+    if args.final_noise_scale is None or args.noise_decay_steps <= 0:
+        return args.noise_scale
+    return args.noise_scale + (args.final_noise_scale - args.noise_scale) * min(1.0, step / args.noise_decay_steps)
+
+
 class ReplayBuffer:
     """Preallocated ring buffer of (x, u, r, x', terminated); u in [-1, 1]."""
 
@@ -305,12 +340,13 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset, low, high):
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float):
+def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float):
     """One gradient step on the TD loss, then the soft target update. Returns (loss, Q(x, u))."""
     loss, q = naf_loss(net, target_net, batch, gamma)
     optimizer.zero_grad()
     loss.backward()
-    nn.utils.clip_grad_norm_(net.parameters(), MAX_GRAD_NORM)
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
     optimizer.step()
     soft_update(target_net, net, tau)
     return loss.detach(), q
@@ -334,6 +370,9 @@ def train(args: Args) -> None:
         (args.hidden_dim >= 1, "--hidden-dim must be at least 1"),
         (args.learning_starts >= 0, "--learning-starts must be non-negative"),
         (args.noise_scale >= 0, "--noise-scale must be non-negative"),
+        (args.final_noise_scale is None or args.final_noise_scale >= 0, "--final-noise-scale must be non-negative"),
+        (args.noise_decay_steps >= 0 and args.max_grad_norm >= 0, "--noise-decay-steps and --max-grad-norm must be non-negative"),
+        (args.head_init_scale > 0, "--head-init-scale must be positive"),
         (args.updates_per_step >= 1, "--updates-per-step must be at least 1"),
     ])
     if args.eval_only:
@@ -346,7 +385,7 @@ def train(args: Args) -> None:
     envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
     low, high = envs.single_action_space.low, envs.single_action_space.high
-    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim).to(device)
+    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale).to(device)
     target_net = copy.deepcopy(net)
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
@@ -368,7 +407,7 @@ def train(args: Args) -> None:
             else:
                 with torch.inference_mode():
                     _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device))
-                noise, ou_state = exploration_noise(args.noise, ou_state, args.noise_scale, rng)
+                noise, ou_state = exploration_noise(args.noise, ou_state, noise_scale(args, global_step), rng)
                 u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
             ou_state[autoreset] = 0.0  # the env ignores this row's action: a new episode's noise starts at 0
             obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
@@ -382,7 +421,7 @@ def train(args: Args) -> None:
 
             if global_step >= args.learning_starts and rb.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau)
+                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL

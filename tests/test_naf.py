@@ -136,6 +136,24 @@ def test_soft_update_and_scale_action_and_noise():
     assert same is state
 
 
+def test_noise_scale_decays_linearly_then_holds():
+    constant = naf.Args(noise_scale=0.3, final_noise_scale=None)
+    assert [naf.noise_scale(constant, t) for t in (0, 10**6)] == [0.3, 0.3]
+    assert naf.noise_scale(naf.Args(noise_decay_steps=0), 5) == naf.Args().noise_scale
+    decaying = naf.Args(noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=1000)
+    np.testing.assert_allclose([naf.noise_scale(decaying, t) for t in (0, 250, 500, 1000, 5000)], [0.3, 0.25, 0.2, 0.1, 0.1])
+
+
+def test_head_init_scale_scales_only_the_heads():
+    torch.manual_seed(3)
+    plain = naf.NAFNetwork(3, 2, 16)
+    torch.manual_seed(3)
+    small = naf.NAFNetwork(3, 2, 16, head_init_scale=0.1)
+    for name, p in plain.named_parameters():
+        factor = 0.1 if name.split(".")[0] in ("v_head", "mu_head", "l_head") else 1.0
+        torch.testing.assert_close(dict(small.named_parameters())[name], factor * p)
+
+
 def test_replay_buffer_wraps_and_round_trips():
     rb = naf.ReplayBuffer(5, 1, 1)
     for t in range(7):
@@ -300,6 +318,8 @@ def test_unsupported_env_refused(env_id, fragment):
     ({"batch_size": 0}, "--batch-size"), ({"buffer_size": 10}, "--buffer-size"), ({"tau": 0.0}, "--tau"),
     ({"gamma": 1.5}, "--gamma"), ({"learning_rate": -1.0}, "--learning-rate"), ({"num_envs": 0}, "--num-envs"),
     ({"updates_per_step": 0}, "--updates-per-step"), ({"noise_scale": -0.1}, "--noise-scale"),
+    ({"final_noise_scale": -0.1}, "--final-noise-scale"), ({"noise_decay_steps": -1}, "--noise-decay-steps"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"),
     ({"eval_only": True}, "--checkpoint"),
 ])
 def test_bad_hyperparameters(flags, fragment):
