@@ -80,8 +80,8 @@ Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pe
     On InvertedPendulum-v5 (issue 13; results/issue13-ablations; 30k steps, support [0, 100])
     neither was needed: the defaults held 1000 in every evaluation from 5k-7.5k steps on, one
     938 aside (5 seeds), as did Acme's clips with its noise scale (`--max-grad-norm 40
-    --dqda-clip 3 --sigma 0.1`, 2 seeds). Unlike NAF's, this critic cannot diverge: the atoms
-    bound Q to [v_min, v_max] (batch mean Q 94-99 after 30k steps, where returns are <= 100).
+    --dqda-clip 3 --sigma 0.1`, 3 seeds). Unlike NAF's, this critic cannot diverge: the atoms
+    bound Q to [v_min, v_max] (batch mean Q 91-99 after 30k steps, where returns are <= 100).
     The collapse issue 13 reports after 30k steps at the maximum lies beyond these runs.
  e. Uniform random actions for the first `--learning-starts` steps (SB3/CleanRL practice; Acme
     acts with the untrained policy plus noise), which spreads the first data.
