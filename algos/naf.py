@@ -47,7 +47,8 @@ Implementation details:
    (summary.json means "finished"); a second SIGINT or SIGTERM kills at once. Resume and --eval-only
    write into --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 
-Deviations from the paper and public ports, for Pendulum-v1 in 20k steps:
+Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
+checked on InvertedPendulum-v5 in 30k):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -66,8 +67,9 @@ c. Exploration noise that decays: OU sigma 0.3 (DDPG: 0.2) falling linearly to 0
      hundreds of steps and Q ends at 145-160: still optimistic, but a fifth of the excess. The
      evaluations were about as steady either way: the last three (20k, 25k, 30k steps) were all
      >= 950 on 5 of 5 seeds with the decay and 4 of 5 without, and single evaluations below
-     950 after first reaching it were 3 of 46 against 2 of 34 (one every 2,500 steps). Pendulum-v1 at 20k steps: -122 to
-     -148, mean -137, the same as with the constant OU 0.3 (-123 to -147, mean -137).
+     950 after first reaching it were 3 of 46 against 2 of 34 (one every 2,500 steps).
+     Pendulum-v1 at 20k steps: -122 to -148, mean -137, the same as with the constant OU 0.3
+     (-123 to -147, mean -137).
 d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safeguard: early TD
    errors on Pendulum are large (returns near -1600) and exp on the diagonal of L amplifies big
    steps. The port's clip at 1 with its heads initialised at 0.1 scale (`--max-grad-norm 1
@@ -167,7 +169,7 @@ class Args:
     final_noise_scale: float | None = 0.05
     """noise scale reached linearly at --noise-decay-steps, then kept (None: constant --noise-scale)"""
     noise_decay_steps: int = 15_000
-    """environment steps over which the noise scale falls to --final-noise-scale"""
+    """environment steps over which the noise scale falls to --final-noise-scale (0: constant)"""
     head_init_scale: float = 1.0
     """factor on the initial weights and biases of the V, mu and L heads"""
     max_grad_norm: float = 10.0

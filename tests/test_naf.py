@@ -154,6 +154,38 @@ def test_head_init_scale_scales_only_the_heads():
         torch.testing.assert_close(dict(small.named_parameters())[name], factor * p)
 
 
+def test_update_clips_the_gradient_norm_or_not():
+    """--max-grad-norm reaches the step: the gradient update() leaves equals the loss's own
+    gradient rescaled to the clip norm (a norm of 0 leaves it as it is)."""
+    batch = {"obs": torch.randn(8, 4), "actions": torch.rand(8, 3) * 2 - 1, "rewards": 100 * torch.randn(8),
+             "next_obs": torch.randn(8, 4), "terminated": torch.zeros(8)}
+    reference = random_net(seed=0)
+    naf.naf_loss(reference, random_net(seed=1), batch, 0.99)[0].backward()
+    raw = torch.cat([p.grad.flatten() for p in reference.parameters()])
+    assert raw.norm() > 1.0
+    for max_norm, expected in ((1e-3, raw * 1e-3 / raw.norm()), (0.0, raw)):
+        net = random_net(seed=0)
+        naf.update(net, random_net(seed=1), torch.optim.SGD(net.parameters(), lr=0.0), batch, 0.99, 0.005, max_norm)
+        torch.testing.assert_close(torch.cat([p.grad.flatten() for p in net.parameters()]), expected, rtol=1e-4, atol=1e-9)
+
+
+def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
+    """The flags reach the loop: each step draws its noise at the scheduled sigma, and the saved
+    (untrained) network's heads are --head-init-scale times those of the same seed's default."""
+    scales, real_noise = [], naf.exploration_noise
+    monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, scale, rng: scales.append(scale) or real_noise(kind, state, scale, rng))
+    common = dict(total_steps=150, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0)
+    naf.train(naf.Args(learning_starts=0, noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=100,
+                       run_dir=str(tmp_path / "decay"), **common))
+    np.testing.assert_allclose(scales, [0.3 - 0.2 * min(1.0, t / 100) for t in range(150)])
+    for name, head_scale in (("plain", 1.0), ("small", 0.1)):  # no update before step 1000: the saved nets are the initial ones
+        naf.train(naf.Args(learning_starts=1000, head_init_scale=head_scale, run_dir=str(tmp_path / name), **common))
+    plain, small = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True)["net"] for n in ("plain", "small"))
+    for key, value in plain.items():
+        factor = 0.1 if key.split(".")[0] in ("v_head", "mu_head", "l_head") else 1.0
+        torch.testing.assert_close(small[key], factor * value)
+
+
 def test_replay_buffer_wraps_and_round_trips():
     rb = naf.ReplayBuffer(5, 1, 1)
     for t in range(7):
