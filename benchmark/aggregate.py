@@ -123,20 +123,40 @@ def run_metric(record: dict[str, Any], metric: str) -> float | None:
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def check_target(target: Target | None, scores: Sequence[float | None], not_applicable: str | None) -> dict[str, Any]:
+def holds(record: dict[str, Any], fraction: float) -> bool | None:
+    """Whether a finished run's last evaluation is at least `fraction` of its best one (a target's
+    `hold`: it learned and kept it); None without an evaluation curve. Meant for tasks whose
+    returns are positive once learned: a best at or below 0 does not hold."""
+    evals = [value for _, value in record["curves"]["eval"]]
+    if not evals:
+        return None
+    best = max(evals)
+    return best > 0 and evals[-1] >= fraction * best
+
+
+def check_target(target: Target | None, scores: Sequence[float | None], not_applicable: str | None,
+                 held: Sequence[bool | None] | None = None) -> dict[str, Any]:
     """Whether a preset met its target. `scores` has one entry per seed, None for a failed run
-    (which counts as a miss); `not_applicable` says why the check does not apply, if so."""
+    (which counts as a miss); `held` (for a target with `hold`) says per seed whether its last
+    evaluation kept `hold` of its best, None or False being a miss; `not_applicable` says why the
+    check does not apply, if so."""
     if target is None:
         return {"status": "report only", "text": ""}
     if not_applicable:
         return {"status": "not applicable", "text": target.text, "why": not_applicable}
-    passed = sum(s is not None and target.passes(s) for s in scores)
+    if target.hold is not None and (held is None or len(held) != len(scores)):
+        raise ValueError("a target with `hold` needs one `held` entry per seed")
+    kept = held if target.hold is not None else [True] * len(scores)
+    passed = sum(s is not None and target.passes(s) and bool(k) for s, k in zip(scores, kept))
     done = [s for s in scores if s is not None]
+    complete = bool(done) and len(done) == len(scores)
     mean = float(np.mean(done)) if done else None
-    met = passed >= target.at_least and (
-        target.mean_min is None or (len(done) == len(scores) and mean is not None and mean >= target.mean_min))
+    centre = iqm(done) if done else None
+    met = (passed >= target.at_least
+           and (target.mean_min is None or (complete and mean >= target.mean_min))
+           and (target.iqm_min is None or (complete and centre >= target.iqm_min)))
     return {"status": "met" if met else "missed", "text": target.text, "passed_seeds": passed,
-            "needed_seeds": target.at_least, "of": target.of, "mean": mean}
+            "needed_seeds": target.at_least, "of": target.of, "mean": mean, "iqm": centre}
 
 
 def score_stats(scores: Sequence[float]) -> dict[str, Any]:

@@ -45,8 +45,9 @@ class Budget:
 
 @dataclass(frozen=True)
 class Target:
-    """Per seed `metric >= min` (or `> above`) in `at_least` of `of` seeds, and optionally
-    the mean over seeds `>= mean_min`."""
+    """Per seed `metric >= min` (or `> above`) in `at_least` of `of` seeds, and optionally the
+    mean over seeds `>= mean_min`, their IQM `>= iqm_min`, and (`hold`) a seed counts only if its
+    last evaluation is at least `hold` times its best."""
 
     metric: str
     threshold: float
@@ -55,6 +56,8 @@ class Target:
     of: int
     text: str
     mean_min: float | None = None
+    iqm_min: float | None = None
+    hold: float | None = None
 
     def passes(self, value: float) -> bool:
         return value > self.threshold if self.strict else value >= self.threshold
@@ -136,7 +139,7 @@ PRESET_KEYS = {
     "curve_window", "num_cpus", "num_gpus", "provisional", "dataset", "group", "normalise",
 }
 BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags", "memory_gb"}
-TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "text"}
+TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "iqm_min", "hold", "text"}
 # What a target's `metric` may name, per seed: the final evaluation's mean return (summary.json), or
 # the lowest of the last three evaluations' means (the eval curve), which a run that learns and then
 # forgets misses even when its final evaluation recovers.
@@ -229,8 +232,12 @@ def _target(data: Any, where: str, seeds: int) -> Target:
         at_least=table.get("at_least", "int", positive=True),
         of=table.get("of", "int", positive=True),
         mean_min=table.get("mean_min", "number", None),
+        iqm_min=table.get("iqm_min", "number", None),
+        hold=table.get("hold", "number", None),
         text=table.get("text", "str"),
     )
+    if target.hold is not None and not 0 < target.hold <= 1:
+        raise ZooError(f"{where}: hold ({target.hold}) must be in (0, 1]: the fraction of its best evaluation a seed's last one must keep")
     if target.at_least > target.of:
         raise ZooError(f"{where}: at_least ({target.at_least}) is more than of ({target.of})")
     if target.of != seeds:

@@ -84,13 +84,15 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
         why = f"{len(records)} seeds run, the target is over {preset.target.of}"
     metric = preset.target.metric if preset.target else "eval_mean"
     by_seed = [aggregate.run_metric(r, metric) if r["status"] == "ok" else None for r in records]
+    hold = preset.target.hold if preset.target else None
+    held = [aggregate.holds(r, hold) if r["status"] == "ok" else None for r in records] if hold else None
     crossings = [r["crossing_step"] for r in records]
     return {
         "algo": preset.algo, "env_id": preset.env_id, "group": preset.group, "total_steps": steps,
         "full_total_steps": preset.full.total_steps, "reduced_budget": reduced, "seeds": [r["seed"] for r in records],
         "failed_seeds": [{"seed": r["seed"], "reason": r["reason"]} for r in records if r["status"] != "ok"],
         "eval_mean": aggregate.score_stats(scores),
-        "target": aggregate.check_target(preset.target, by_seed, why) | {"provisional": preset.provisional},
+        "target": aggregate.check_target(preset.target, by_seed, why, held) | {"provisional": preset.provisional},
         "references": [ref.__dict__ for ref in preset.references],
         "sample_efficiency": _sample_efficiency(preset, ok),
         "train_crossing": {"threshold": preset.curve_threshold, "window": preset.curve_window, "steps": crossings},

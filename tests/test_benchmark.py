@@ -55,7 +55,7 @@ FAKE = textwrap.dedent('''
     p.add_argument("--run-dir", required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--total-steps", type=int, required=True)
-    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval", "stall-once"])
+    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval", "stall-once", "peak"])
     p.add_argument("--resume", default=None)
     p.add_argument("--score", type=float, default=100.0)
     p.add_argument("--eval-episodes", type=int, default=10)
@@ -91,7 +91,8 @@ FAKE = textwrap.dedent('''
         if step > start:
             log("charts/episodic_return", args.score * i / 20, step)
             if i % 5 == 0 and args.behaviour != "no-eval":
-                log("eval/episodic_return", final if i == 20 else args.score * i / 20 + args.seed, step)
+                peak = args.behaviour == "peak" and i == 15  # a best at 4x the final score, then lost
+                log("eval/episodic_return", final if i == 20 else 4 * args.score if peak else args.score * i / 20 + args.seed, step)
             print(f"step {step:,}/{args.total_steps:,} | fake", flush=True)
     if stall:
         writer.flush()
@@ -201,6 +202,8 @@ BAD_MANIFESTS = {
     "unknown key": (preset_toml("x", extra="seed = 3"), "unknown key(s) seed"),
     "unknown target key": (preset_toml("x", target=GOOD + "\nmax = 3"), "target: unknown key(s) max"),
     "unknown metric": (preset_toml("x", target=GOOD.replace("eval_mean", "eval_max")), "metric 'eval_max' is not one of eval_mean, eval_min_last3"),
+    "hold above one": (preset_toml("x", target=GOOD + "\nhold = 1.5"), "hold (1.5) must be in (0, 1]"),
+    "hold of zero": (preset_toml("x", target=GOOD + "\nhold = 0"), "hold (0) must be in (0, 1]"),
     "reserved flag": (preset_toml("x", args="total-steps = 5"), "'total-steps' is set by the runner"),
     "bad reference": (preset_toml("x", extra='references = [{name = "a", score = 1}]'), "missing 'source'"),
     "wrong type": (preset_toml("x").replace("timeout_s = 60", 'timeout_s = "1h"', 1), "'timeout_s' must be a"),
@@ -571,6 +574,19 @@ def test_target_on_the_lowest_of_the_last_three_evaluations(tmp_path: Path, zoo)
     assert (presets["a"]["target"]["status"], presets["a"]["target"]["passed_seeds"]) == ("missed", 1)
     assert (presets["b"]["target"]["status"], presets["b"]["target"]["passed_seeds"]) == ("met", 2)
     assert presets["a"]["eval_mean"]["mean"] == pytest.approx(101.5)  # the final evaluations alone would pass
+
+
+def test_target_on_the_iqm_and_on_keeping_half_of_the_best_evaluation(tmp_path: Path, zoo):
+    # Both presets end at 100 + k; 'peak' evaluated 400 before that, so its seeds keep only a quarter.
+    target = 'metric = "eval_mean"\nmin = 100\nat_least = 2\nof = 2\niqm_min = 101.5\nhold = 0.5\ntext = "t"'
+    args = zoo(preset_toml("kept", seeds=2, target=target), preset_toml("peak", seeds=2, args='behaviour = "peak"', target=target),
+               preset_toml("low", seeds=2, target=target.replace("101.5", "101.6")))
+    results_dir = tmp_path / "results"
+    assert main(["full", *args, "--name", "h", "--results-dir", str(results_dir)]) == 1
+    presets = json.loads((results_dir / "h/results.json").read_text())["presets"]
+    assert (presets["kept"]["target"]["status"], presets["kept"]["target"]["iqm"]) == ("met", pytest.approx(101.5))
+    assert (presets["peak"]["target"]["status"], presets["peak"]["target"]["passed_seeds"]) == ("missed", 0)
+    assert (presets["low"]["target"]["status"], presets["low"]["target"]["passed_seeds"]) == ("missed", 2)  # IQM 101.5
 
 
 def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys):

@@ -14,7 +14,7 @@ from conftest import ROOT
 from scipy import stats
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
-from benchmark.aggregate import (check_target, crossing_step, eval_iqm_curve, iqm, iqm_ci, normalise,
+from benchmark.aggregate import (check_target, crossing_step, eval_iqm_curve, holds, iqm, iqm_ci, normalise,
                                  probability_of_improvement, run_metric, score_stats, stays_above_step)
 from benchmark.manifest import Target
 
@@ -122,6 +122,32 @@ def test_target_counts_a_failed_seed_as_a_miss():
     assert check_target(strict, [100.0, 100.5], None)["status"] == "missed"
     assert check_target(strict, scores, "reduced budget")["status"] == "not applicable"
     assert check_target(None, scores, None)["status"] == "report only"
+
+
+def test_target_on_the_iqm_and_on_keeping_half_of_the_best():
+    # Per seed >= 1000 in 4 of 5, IQM >= 3000 (of 5 scores, the mean of the middle three), each
+    # seed's last evaluation >= half its best.
+    target = Target(metric="eval_mean", threshold=1000, strict=False, at_least=4, of=5, text="t", iqm_min=3000, hold=0.5)
+    scores = [500.0, 2800.0, 3000.0, 3200.0, 9000.0]  # IQM 3000 (a mean of 3700 would hide the weak seed)
+    assert iqm(scores) == pytest.approx(3000.0)
+    result = check_target(target, scores, None, [True] * 5)
+    assert (result["status"], result["passed_seeds"], result["iqm"]) == ("met", 4, pytest.approx(3000.0))
+    assert check_target(target, [500.0, 2700.0, 3000.0, 3200.0, 9000.0], None, [True] * 5)["status"] == "missed"
+    # a seed that fell below half its best is a miss even with a high final score; None (no curve) too
+    assert check_target(target, scores, None, [True, True, False, True, True])["passed_seeds"] == 3
+    assert check_target(target, scores, None, [True, True, None, True, True])["status"] == "missed"
+    # a failed seed leaves the IQM incomplete: missed whatever the others score
+    assert check_target(target, [None, 5000.0, 5000.0, 5000.0, 5000.0], None, [None] + [True] * 4)["status"] == "missed"
+    with pytest.raises(ValueError, match="one `held` entry per seed"):
+        check_target(target, scores, None)
+
+
+def test_holds_compares_the_last_evaluation_with_the_best():
+    record = {"curves": {"eval": [[1, 100.0], [2, 3000.0], [3, 1400.0]]}}
+    assert holds(record, 0.5) is False  # 1400 < 1500
+    assert holds({"curves": {"eval": [[1, 100.0], [2, 3000.0], [3, 1500.0]]}}, 0.5) is True
+    assert holds({"curves": {"eval": [[1, -300.0], [2, -100.0]]}}, 0.5) is False  # nothing positive was learned
+    assert holds({"curves": {"eval": []}}, 0.5) is None
 
 
 def test_run_metrics_final_and_lowest_of_the_last_three():
