@@ -156,7 +156,7 @@ def check_target(target: Target | None, scores: Sequence[float | None], not_appl
            and (target.mean_min is None or (complete and mean >= target.mean_min))
            and (target.iqm_min is None or (complete and centre >= target.iqm_min)))
     return {"status": "met" if met else "missed", "text": target.text, "passed_seeds": passed,
-            "needed_seeds": target.at_least, "of": target.of, "mean": mean, "iqm": centre}
+            "needed_seeds": target.at_least, "of": target.of, "mean": mean, "iqm": centre, "iqm_min": target.iqm_min}
 
 
 def score_stats(scores: Sequence[float]) -> dict[str, Any]:

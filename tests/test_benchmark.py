@@ -590,6 +590,8 @@ def test_target_on_the_iqm_and_on_keeping_half_of_the_best_evaluation(tmp_path: 
     assert (presets["kept"]["target"]["status"], presets["kept"]["target"]["iqm"]) == ("met", pytest.approx(101.5))
     assert (presets["peak"]["target"]["status"], presets["peak"]["target"]["passed_seeds"]) == ("missed", 0)
     assert (presets["low"]["target"]["status"], presets["low"]["target"]["passed_seeds"]) == ("missed", 2)  # IQM 101.5
+    report = (results_dir / "h/report.md").read_text()
+    assert "**missed** (2/2 seeds), IQM 101.5 < 101.6" in report and "**met** (2/2 seeds) |" in report
 
 
 def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys):
