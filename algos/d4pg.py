@@ -95,6 +95,8 @@ Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pe
       HalfCheetah-v5 (100k steps, support [-500, 1500]): 0.1 led 0.3 at every evaluation from
         15k steps on the seed run with both (final 4,424 against 3,708). The zoo's
         d4pg-halfcheetah sets 0.1 for that reason; one seed at 0.3 is too few to conclude.
+        With 0.1 its five seeds ended at 4,424, 5,166, 3,665, 3,050 and 4,968 (IQM 4,352;
+        RL Zoo's TD3 there: 5,787, 5,940, 4,753, 3,804, IQM 5,270): the gap is not closed.
       Pendulum-v1 (20k steps, 5 seeds): final IQM -135 with 0.1, -129 with 0.3; every seed
         above -200 with both. No difference beyond seed noise.
       InvertedPendulum-v5 (30k steps, 5 seeds, support [0, 100]): after first reaching 950,

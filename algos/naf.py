@@ -76,11 +76,12 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    --head-init-scale 0.1`) did not stop the divergence under constant OU noise on
    InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). Input
    normalisation and several updates per step, the ports' other stabilisers, were not measured.
-Measured limit (issue 13): on HalfCheetah-v5 at 100k steps the defaults climb steadily and
-keep what they learn, but slowly. Final evaluations on the same machine:
-  naf.py (defaults):  885, 1,007 (2 seeds)
-  d4pg.py:            4,424, 5,166, 3,665 (`--sigma 0.1`, IQM 4,418)
-  RL Zoo's TD3:       5,787, 5,940 (IQM 5,863)
+Measured limit (issue 13): on HalfCheetah-v5 at 100k steps the defaults climb steadily, but
+slowly; one seed of five fell back from its best (2,180 at 85k steps, 1,620 at the end).
+Final evaluations, same task and budget (5 seeds; TD3 4):
+  naf.py (defaults):  885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
+  d4pg.py:            4,424, 5,166, 3,665, 3,050, 4,968 (`--sigma 0.1`, IQM 4,352)
+  RL Zoo's TD3:       5,787, 5,940, 4,753, 3,804 (IQM 5,270)
 Whether the quadratic advantage or settings tuned on Pendulum hold NAF back was not measured
 (no noise, update-count or network variants ran on this task); for locomotion, prefer d4pg.py.
 
