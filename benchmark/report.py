@@ -191,7 +191,7 @@ def _target(target: dict[str, Any]) -> str:
     if status in ("met", "missed"):
         status = f"**{status}** ({target['passed_seeds']}/{target['of']} seeds)"
         floor = target.get("iqm_min")
-        if floor is not None and (target["iqm"] is None or target["iqm"] < floor):  # say why when the seeds alone pass
+        if floor is not None and (target["iqm"] is None or target["iqm"] < floor):  # the seed count may pass while the IQM floor fails: name the floor
             status += f", IQM {_num(target['iqm'], 1)} < {_num(floor, 1)}"
     elif status == "not applicable":
         status = f"not applicable: {target['why']}"
