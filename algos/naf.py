@@ -78,12 +78,15 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    normalisation and several updates per step, the ports' other stabilisers, were not measured.
 Measured limit (issue 13): on HalfCheetah-v5 at 100k steps the defaults climb steadily, but
 slowly; one seed of five fell back from its best (2,180 at 85k steps, 1,620 at the end).
-Final evaluations, same task and budget (5 seeds; TD3 4):
+Final evaluations, same task and budget (5 seeds):
   naf.py (defaults):  885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
-  d4pg.py:            4,424, 5,166, 3,665, 3,050, 4,968 (`--sigma 0.1`, IQM 4,352)
-  RL Zoo's TD3:       5,787, 5,940, 4,753, 3,804 (IQM 5,270)
-Whether the quadratic advantage or settings tuned on Pendulum hold NAF back was not measured
-(no noise, update-count or network variants ran on this task); for locomotion, prefer d4pg.py.
+  d4pg.py:            6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
+  RL Zoo's TD3:       5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
+Short screens of other settings on this task (3 seeds each, stopped at 12k-29k steps: Gaussian
+noise 0.1, 10k random steps first, batch 256 at lr 3e-4, 2 updates per step, 400 hidden units)
+picked only the wider network, which on one full seed ended at 1,308 (the defaults' seed 1:
+885), still far below. Whether the quadratic advantage itself holds NAF back on locomotion was
+not measured; for locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
