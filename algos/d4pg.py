@@ -120,7 +120,7 @@ Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pe
       InvertedPendulum-v5 (30k steps, 5 seeds, support [0, 100]): n = 1 first reached 950 at
         7.5k-12.5k steps (n = 5: 5k), then fell below it in 4 of 46 evaluations (50 to 552;
         n = 5: 1 of 55), and held the last three on 4 of 5 seeds (n = 5: 5 of 5).
-    No n wins on all three, so the default stays the paper's and the zoo's d4pg-halfcheetah
+    Neither n wins on all three, so the default stays the paper's and the zoo's d4pg-halfcheetah
     sets `--n-step 1`. That the bias of old returns is what costs n = 5 on the longer task is
     our reading, not a measurement.
 
