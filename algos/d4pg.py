@@ -107,7 +107,7 @@ Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pe
  g. Support [-1600, 0]: Pendulum rewards lie in [-16.3, 0], and time limits bootstrap, so
     values lie in [-16.3 / (1 - gamma), 0] = [-1630, 0]; a trained agent sees about [-400, 0].
     Other tasks need their own: HalfCheetah (about +12 per step at best): --v-min -500 --v-max 1500.
- h. n = 5, the paper's and Acme's, is the default. The n-step returns are not corrected for being
+ h. Horizon n = 5, the paper's and Acme's, is the default. Its returns are not corrected for being
     off-policy: the replay keeps the whole run, so the return of an old transition follows the
     older, noisier policies for n - 1 steps; in exchange, rewards reach the critic n times
     faster. Issue 13 ran `--n-step 1` beside 5 on three tasks (results/issue13-ablations):

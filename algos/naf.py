@@ -75,7 +75,8 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    steps. The port's clip at 1 with its heads initialised at 0.1 scale (`--max-grad-norm 1
    --head-init-scale 0.1`) did not stop the divergence under constant OU noise on
    InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). Input
-   normalisation and several updates per step, the ports' other stabilisers, were not measured.
+   normalisation, another of the ports' stabilisers, was not measured; several updates per step
+   only in a short HalfCheetah screen (below).
 Measured limit (issue 13): on HalfCheetah-v5 at 100k steps the defaults climb steadily, but
 slowly; one seed of five fell back from its best (2,180 at 85k steps, 1,620 at the end).
 Final evaluations, same task and budget (5 seeds):
@@ -84,9 +85,10 @@ Final evaluations, same task and budget (5 seeds):
   RL Zoo's TD3:       5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
 Short screens of other settings on this task (3 seeds each, stopped at 12k-29k steps: Gaussian
 noise 0.1, 10k random steps first, batch 256 at lr 3e-4, 2 updates per step, 400 hidden units)
-picked only the wider network, which on one full seed ended at 1,308 (the defaults' seed 1:
-885), still far below. Whether the quadratic advantage itself holds NAF back on locomotion was
-not measured; for locomotion, prefer d4pg.py.
+were too short to conclude; only 400 units was ahead of the defaults at 10k steps (2 of 3
+seeds), and on one full seed it ended at 1,308 (the defaults' seed 1: 885), still far below.
+Whether the quadratic advantage itself holds NAF back on locomotion was not measured; for
+locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
