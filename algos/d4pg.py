@@ -677,9 +677,10 @@ def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
         raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
     for key in same:
         flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
+        was = (flag if theirs else "--no-" + flag[2:]) if isinstance(theirs, bool) else f"{flag} {theirs}"  # tyro spells a boolean --x / --no-x
         if theirs != getattr(args, key):  # an older checkpoint may lack a flag added since: say so, no KeyError
-            made = f"was made with {flag} {theirs}, not {getattr(args, key)}; pass {flag} {theirs}" if key in ckpt["args"] else f"predates {flag}; continue it with the {SCRIPT} that wrote it"
-            raise fail(f"checkpoint {args.resume} {made}")
+            raise fail(f"checkpoint {args.resume} " + (f"was made with {was}, not {getattr(args, key)}; pass {was}" if key in ckpt["args"]
+                                                        else f"predates {flag}; continue it with the {SCRIPT} that wrote it"))
     return ckpt
 
 
@@ -777,8 +778,7 @@ class RunLogger:
         if time.time() - self.last_print < 5:
             return
         self.last_print = time.time()
-        sps = self.sps(step)
-        ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+        sps, ret = self.sps(step), f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
         eta = (total_steps - step) / max(sps, 1e-9)
         print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
 

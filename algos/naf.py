@@ -74,20 +74,34 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    errors on Pendulum are large (returns near -1600) and exp on the diagonal of L amplifies big
    steps. The port's clip at 1 with its heads initialised at 0.1 scale (`--max-grad-norm 1
    --head-init-scale 0.1`) did not stop the divergence under constant OU noise on
-   InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). Input
-   normalisation, another of the ports' stabilisers, was not measured; several updates per step
-   only in a short HalfCheetah screen (below).
-Measured limit (issue 13): on HalfCheetah-v5 at 100k steps the defaults climb steadily, but
-slowly; one seed of five fell back from its best (2,180 at 85k steps, 1,620 at the end).
+   InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). Several
+   updates per step ran only in a short HalfCheetah screen (below); input normalisation is e.
+e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-halfcheetah`):
+   the network reads clip((x - mean) / sqrt(var + 1e-8), -10, 10), with mean and var running over
+   every observation the training envs returned (SB3 VecNormalize's constants). x and x' of a
+   batch go through the same, current statistics, and the checkpoint carries them. Measured
+   (issue 13, 5 seeds per task, beside the defaults):
+   - HalfCheetah-v5, 100k steps, with 400 hidden units: final IQM 1,374 (seeds 1,202-1,408)
+     against 1,046 (885-1,620), and its IQM ahead at every 10k evaluation (10k: 481 against 95).
+   - InvertedPendulum-v5, 30k steps: the evaluations at 20k, 25k and 30k all >= 950 on only 2 of
+     5 seeds (two ended at 49 and 85), against 5 of 5 without. A likely reason, not measured: as
+     the policy learns to balance, the observations narrow, so the statistics keep moving under
+     the network.
+   - Pendulum-v1, 20k steps: a tie (IQM -138.7 against -138.6).
+Measured limit (issue 13): on HalfCheetah-v5 at 100k steps no setting measured comes near TD3.
 Final evaluations, same task and budget (5 seeds):
-  naf.py (defaults):  885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
-  d4pg.py:            6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
-  RL Zoo's TD3:       5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
-Short screens of other settings on this task (3 seeds each, stopped at 12k-29k steps: Gaussian
-noise 0.1, 10k random steps first, batch 256 at lr 3e-4, 2 updates per step, 400 hidden units)
-were too short to conclude; only 400 units was ahead of the defaults at 10k steps (2 of 3
-seeds), and on one full seed it ended at 1,308 (the defaults' seed 1: 885), still far below.
-Whether the quadratic advantage itself holds NAF back on locomotion was not measured; for
+  naf.py (defaults):                           885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
+  naf.py --hidden-dim 400 --normalize-obs:     1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
+  d4pg.py:                                     6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
+  RL Zoo's TD3:                                5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
+The plateau is neither a collapse nor an overestimate: every seed of the second row ends at >= 98%
+of its best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the
+value of the training episodes' mean reward per step held forever (return / 1000 / (1 - gamma):
+111-133). The greedy action moves
+only as far as the fitted quadratic's peak moves, and with the noise at 0.05 the data near mu(x)
+are narrow; whether that, or the quadratic itself, holds NAF back on locomotion was not measured.
+Short screens of other settings (3 seeds, stopped at 12k-29k steps: Gaussian noise 0.1, 10k
+random steps first, batch 256 at lr 3e-4, 2 updates per step) were too short to conclude. For
 locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
@@ -187,6 +201,8 @@ class Args:
     """factor on the initial weights and biases of the V, mu and L heads"""
     max_grad_norm: float = 10.0
     """clip the gradient to this global norm (0: off)"""
+    normalize_obs: bool = False
+    """feed the network observations standardised by running statistics of all seen so far (deviation e)"""
 
 
 # ---------------------------------------------------------------- environment
@@ -221,9 +237,8 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     make_env(env_id).close()  # validate once, in the main process, before building the copies
     # NEXT_STEP autoreset on purpose (detail 5): step_and_store drops the reset step.
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
-    )
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     envs.action_space.seed(seed)
     obs, _ = envs.reset(seed=seed)
     return envs, obs
@@ -238,24 +253,31 @@ def scale_action(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray
 class NAFNetwork(nn.Module):
     """Trunk with heads V(x), mu(x) and the entries of L(x) (detail 1)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int, head_init_scale: float = 1.0):
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int, head_init_scale: float = 1.0, normalize_obs: bool = False):
         super().__init__()
-        self.act_dim = act_dim
+        self.act_dim, self.normalize_obs = act_dim, normalize_obs
         self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, hidden_dim), nn.ReLU())
         self.v_head = nn.Linear(hidden_dim, 1)
         self.mu_head = nn.Linear(hidden_dim, act_dim)
         self.l_head = nn.Linear(hidden_dim, act_dim * (act_dim + 1) // 2)
-        with torch.no_grad():
-            for p in (*self.v_head.parameters(), *self.mu_head.parameters(), *self.l_head.parameters()):
-                p.mul_(head_init_scale)
-        self.register_buffer("tril_rows", torch.tril_indices(act_dim, act_dim)[0], persistent=False)
-        self.register_buffer("tril_cols", torch.tril_indices(act_dim, act_dim)[1], persistent=False)
+        for p in (*self.v_head.parameters(), *self.mu_head.parameters(), *self.l_head.parameters()):
+            p.data.mul_(head_init_scale)
+        self.register_buffer("tril", torch.tril_indices(act_dim, act_dim), persistent=False)
+        # Deviation e: count, sum x and sum x^2 of every observation seen (checkpointed only when used).
+        self.register_buffer("obs_moments", torch.zeros(3, obs_dim, dtype=torch.float64), persistent=normalize_obs)
+
+    def observe(self, obs: np.ndarray) -> None:  # adds a batch of observations to the moments
+        x = torch.as_tensor(obs, dtype=torch.float64, device=self.obs_moments.device)
+        self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), x.square().sum(0)])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], and L(x) [B, |A|, |A|]."""
+        if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
+            mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0]
+            x = ((x - mean) / ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()).clamp(-10.0, 10.0).float()
         h = self.trunk(x)
         L = h.new_zeros(x.shape[0], self.act_dim, self.act_dim)
-        L[:, self.tril_rows, self.tril_cols] = self.l_head(h)
+        L[:, self.tril[0], self.tril[1]] = self.l_head(h)
         # exp on the diagonal makes P = L L^T positive definite (paper, Section 4).
         L = torch.tril(L, diagonal=-1) + torch.diag_embed(torch.diagonal(L, dim1=1, dim2=2).exp())
         return self.v_head(h).squeeze(-1), torch.tanh(self.mu_head(h)), L
@@ -376,32 +398,31 @@ def checkpoint_state(net, target_net, optimizer, rb: ReplayBuffer, ou_state, num
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
     check_args(args, [
-        (args.num_envs >= 1, "--num-envs must be at least 1"),
-        (args.batch_size >= 1, "--batch-size must be at least 1"),
+        (args.num_envs >= 1 and args.batch_size >= 1, "--num-envs and --batch-size must be at least 1"),
         (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
         (args.learning_rate > 0, "--learning-rate must be positive"),
         (0 < args.tau <= 1, "--tau must be in (0, 1]"),
         (0 <= args.gamma <= 1, "--gamma must be in [0, 1]"),
-        (args.hidden_dim >= 1, "--hidden-dim must be at least 1"),
         (args.learning_starts >= 0, "--learning-starts must be non-negative"),
         (args.noise_scale >= 0, "--noise-scale must be non-negative"),
         (args.final_noise_scale is None or args.final_noise_scale >= 0, "--final-noise-scale must be non-negative"),
         (args.noise_decay_steps >= 0 and args.max_grad_norm >= 0, "--noise-decay-steps and --max-grad-norm must be non-negative"),
         (args.head_init_scale > 0, "--head-init-scale must be positive"),
-        (args.updates_per_step >= 1, "--updates-per-step must be at least 1"),
+        (args.hidden_dim >= 1 and args.updates_per_step >= 1, "--hidden-dim and --updates-per-step must be at least 1"),
     ])
     if args.eval_only:
         return eval_only(args)
     device = pick_device(args.device)
     seed_everything(args.seed, args.torch_deterministic)
     rng = np.random.default_rng(args.seed)  # replay sampling, exploration noise, random actions
-    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size")) if args.resume else None
+    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size", "normalize_obs")) if args.resume else None
     global_step = ckpt["global_step"] if ckpt else 0
     envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
     low, high = envs.single_action_space.low, envs.single_action_space.high
-    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale).to(device)
+    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale, args.normalize_obs).to(device)
     target_net = copy.deepcopy(net)
+    target_net.obs_moments = net.obs_moments  # one set of statistics for x and x' (deviation e)
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     ou_state, num_updates = np.zeros((args.num_envs, act_dim)), 0
@@ -426,6 +447,7 @@ def train(args: Args) -> None:
                 u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
             ou_state[autoreset] = 0.0  # the env ignores this row's action: a new episode's noise starts at 0
             obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
+            net.observe(obs)
             ep_return += rewards * ~autoreset
             ep_length += ~autoreset
             autoreset = next_autoreset
@@ -486,7 +508,7 @@ def eval_only(args: Args) -> None:
     """Evaluate --checkpoint with its own env, network and seed: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
     env = make_env(ckpt["env_id"])
-    net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"]).to(device)
+    net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"], 1.0, ckpt["args"].get("normalize_obs", False)).to(device)
     env.close()
     net.load_state_dict(ckpt["net"])
     run_dir = run_dir_for(args, args.checkpoint)
@@ -592,9 +614,10 @@ def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
         raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
     for key in same:
         flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
+        was = (flag if theirs else "--no-" + flag[2:]) if isinstance(theirs, bool) else f"{flag} {theirs}"  # tyro spells a boolean --x / --no-x
         if theirs != getattr(args, key):  # an older checkpoint may lack a flag added since: say so, no KeyError
-            made = f"was made with {flag} {theirs}, not {getattr(args, key)}; pass {flag} {theirs}" if key in ckpt["args"] else f"predates {flag}; continue it with the {SCRIPT} that wrote it"
-            raise fail(f"checkpoint {args.resume} {made}")
+            raise fail(f"checkpoint {args.resume} " + (f"was made with {was}, not {getattr(args, key)}; pass {was}" if key in ckpt["args"]
+                                                        else f"predates {flag}; continue it with the {SCRIPT} that wrote it"))
     return ckpt
 
 
@@ -692,8 +715,7 @@ class RunLogger:
         if time.time() - self.last_print < 5:
             return
         self.last_print = time.time()
-        sps = self.sps(step)
-        ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+        sps, ret = self.sps(step), f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
         eta = (total_steps - step) / max(sps, 1e-9)
         print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
 

@@ -186,6 +186,48 @@ def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_
         torch.testing.assert_close(small[key], factor * value)
 
 
+def test_normalize_obs_against_numpy():
+    """--normalize-obs (deviation e): after batches of 1, 4, 7 and 20 observations the trunk reads
+    clip((x - mean) / sqrt(var + 1e-8), -10, 10) with numpy's mean and variance over all of them;
+    without it the trunk reads x unchanged, and the moments stay out of the state dict."""
+    rng = np.random.default_rng(0)
+    batches = [rng.normal([5.0, -2.0, 0.0], [1.0, 3.0, 0.01], (n, 3)) for n in (1, 4, 7, 20)]
+    seen = np.concatenate(batches)
+    x = np.array([[5.0, -2.0, 0.0], [50.0, 100.0, -1.0]], np.float32)  # the second row far outside: clipped
+    normalized = np.clip((x - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8), -10.0, 10.0)
+    assert np.abs(normalized[1]).max() == 10.0  # the second row is clipped
+    for normalize, expected in ((True, normalized), (False, x)):
+        net, trunk_inputs = naf.NAFNetwork(3, 1, 8, normalize_obs=normalize), []
+        net.trunk.register_forward_pre_hook(lambda module, args: trunk_inputs.append(args[0]))
+        for b in batches:
+            net.observe(b)
+        net(torch.as_tensor(x))
+        np.testing.assert_allclose(trunk_inputs[0].numpy(), expected, rtol=1e-5, atol=1e-6)
+        assert ("obs_moments" in net.state_dict()) is normalize
+
+
+def test_normalize_obs_counts_every_observation_once(tmp_path, restore_signals):
+    """--normalize-obs: after 300 Pendulum steps the moments are those of the 300 observations the
+    steps returned, rebuilt here from the replay buffer; the target network reads the same moments;
+    --eval-only of the checkpoint repeats the final evaluation."""
+    run = tmp_path / "run"
+    naf.train(naf.Args(total_steps=300, learning_starts=100, batch_size=16, hidden_dim=16, eval_episodes=1,
+                       eval_interval=0, checkpoint_interval=0, normalize_obs=True, run_dir=str(run)))
+    ckpt = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    rb = ckpt["replay_buffer"]
+    # Rows 0-199 are steps 1-200 (the episode is truncated at 200); step 201 resets (its observation
+    # is row 200's x); rows 200-298 are steps 202-300.
+    assert rb["size"] == 299
+    seen = np.concatenate([rb["next_obs"][:200], rb["obs"][200:201], rb["next_obs"][200:]]).astype(np.float64)
+    moments = ckpt["net"]["obs_moments"].numpy()
+    np.testing.assert_array_equal(moments[0], 300)
+    np.testing.assert_allclose(moments[1] / 300, seen.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(moments[2] / 300 - (moments[1] / 300) ** 2, seen.var(0), rtol=1e-6)
+    torch.testing.assert_close(ckpt["target_net"]["obs_moments"], ckpt["net"]["obs_moments"])
+    naf.train(naf.Args(eval_only=True, checkpoint=str(run / "checkpoints" / "latest.pt"), eval_episodes=1))
+    assert json.loads((run / "eval.json").read_text())["eval_returns"] == summary(run)["eval_returns"]
+
+
 def test_replay_buffer_wraps_and_round_trips():
     rb = naf.ReplayBuffer(5, 1, 1)
     for t in range(7):
@@ -266,6 +308,7 @@ def test_tiny_run_outputs(tiny_run):
     assert ckpt["algo"] == "naf" and ckpt["global_step"] == 600
     # 600 env steps over 2 envs: 300 vector steps, minus one autoreset step per env after the first episode.
     assert ckpt["replay_buffer"]["size"] == 600 - 2 * 1
+    assert "obs_moments" not in ckpt["net"]  # saved only with --normalize-obs
     assert ckpt["num_updates"] == (600 - 200) + 2  # updates start at step 200, 2 per vector step
 
 
@@ -351,7 +394,7 @@ def test_unsupported_env_refused(env_id, fragment):
     ({"gamma": 1.5}, "--gamma"), ({"learning_rate": -1.0}, "--learning-rate"), ({"num_envs": 0}, "--num-envs"),
     ({"updates_per_step": 0}, "--updates-per-step"), ({"noise_scale": -0.1}, "--noise-scale"),
     ({"final_noise_scale": -0.1}, "--final-noise-scale"), ({"noise_decay_steps": -1}, "--noise-decay-steps"),
-    ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"), ({"hidden_dim": 0}, "--hidden-dim"),
     ({"eval_only": True}, "--checkpoint"),
 ])
 def test_bad_hyperparameters(flags, fragment):
@@ -382,7 +425,8 @@ def test_bad_checkpoints(tiny_run, tmp_path):
     assert naf.load_checkpoint(good)["net"]["v_head.bias"].device.type == "cpu"  # always loaded on the CPU
     cases = [({"env_id": "InvertedPendulum-v5"}, "is for Pendulum-v1"), ({"num_envs": 2, "hidden_dim": 64}, "--hidden-dim 32"),
              ({"hidden_dim": 32}, "--num-envs 2"), ({"hidden_dim": 32, "num_envs": 2, "buffer_size": 500}, "--buffer-size 1000000"),
-             ({"hidden_dim": 32, "num_envs": 2, "total_steps": 599}, "--total-steps 599 is below the checkpoint's step 600")]
+             ({"hidden_dim": 32, "num_envs": 2, "total_steps": 599}, "--total-steps 599 is below the checkpoint's step 600"),
+             ({"hidden_dim": 32, "num_envs": 2, "normalize_obs": True}, "was made with --no-normalize-obs, not True; pass --no-normalize-obs")]
     for flags, fragment in cases:  # refused before anything is written
         with pytest.raises(SystemExit, match=fragment):
             naf.train(naf.Args(resume=good, run_dir=str(tmp_path / "r"), **flags))
@@ -496,13 +540,13 @@ class ConstantObsBandit(gym.Env):
 gym.register("ConstantObsBandit-v0", entry_point=ConstantObsBandit, max_episode_steps=1000)
 
 
-@pytest.mark.parametrize("noise", ["ou", "gaussian"])
-def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise):
+@pytest.mark.parametrize("noise, normalize_obs", [("ou", False), ("gaussian", False), ("ou", True)])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise, normalize_obs):
     """Train 200 steps, resume to 400; train 400 straight: the same weights, target network,
     optimizer moments, buffer and TD losses after the resume (network, optimizer, buffer, OU state
     and both generators restored)."""
     common = dict(env_id="ConstantObsBandit-v0", learning_starts=50, batch_size=16, hidden_dim=16, eval_episodes=1,
-                  eval_interval=0, checkpoint_interval=0, noise=noise)
+                  eval_interval=0, checkpoint_interval=0, noise=noise, normalize_obs=normalize_obs)
     naf.train(naf.Args(total_steps=200, run_dir=str(tmp_path / "split"), **common))
     naf.train(naf.Args(total_steps=400, resume=str(tmp_path / "split" / "checkpoints" / "latest.pt"), **common))
     naf.train(naf.Args(total_steps=400, run_dir=str(tmp_path / "straight"), **common))
