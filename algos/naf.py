@@ -78,7 +78,7 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    updates per step ran only in a short HalfCheetah screen (below); input normalisation is e.
 e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-halfcheetah`):
    the network reads clip((x - mean) / sqrt(var + 1e-8), -10, 10), with mean and var running over
-   every observation the training envs returned (SB3 VecNormalize's constants). x and x' of a
+   every observation a training step returned (SB3 VecNormalize's constants). x and x' of a
    batch go through the same, current statistics, and the checkpoint carries them. Measured
    (issue 13, 5 seeds per task, beside the defaults):
    - HalfCheetah-v5, 100k steps, with 400 hidden units: final IQM 1,374 (seeds 1,202-1,408)
@@ -97,12 +97,12 @@ Final evaluations, same task and budget (5 seeds):
 The plateau is neither a collapse nor an overestimate: every seed of the second row ends at >= 98%
 of its best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the
 value of the training episodes' mean reward per step held forever (return / 1000 / (1 - gamma):
-111-133). The greedy action moves
-only as far as the fitted quadratic's peak moves, and with the noise at 0.05 the data near mu(x)
-are narrow; whether that, or the quadratic itself, holds NAF back on locomotion was not measured.
-Short screens of other settings (3 seeds, stopped at 12k-29k steps: Gaussian noise 0.1, 10k
-random steps first, batch 256 at lr 3e-4, 2 updates per step) were too short to conclude. For
-locomotion, prefer d4pg.py.
+111-133). The greedy action moves only as far as the fitted quadratic's peak moves. More noise
+late (OU falling to 0.2, not 0.05; 3 seeds to 50k) did not help; whether the quadratic itself
+holds NAF back on locomotion was not measured. Short screens of other settings (3 seeds, stopped
+at 12k-29k steps: Gaussian noise 0.1, 10k random steps first, batch 256 at lr 3e-4, 2 updates
+per step) were too short to conclude. One or two seeds on Hopper-v5 and Walker2d-v5 (defaults)
+ended at 225-950 and 29. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
@@ -202,7 +202,7 @@ class Args:
     max_grad_norm: float = 10.0
     """clip the gradient to this global norm (0: off)"""
     normalize_obs: bool = False
-    """feed the network observations standardised by running statistics of all seen so far (deviation e)"""
+    """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""
 
 
 # ---------------------------------------------------------------- environment
