@@ -273,7 +273,7 @@ class NAFNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], and L(x) [B, |A|, |A|]."""
         if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
-            mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0]
+            mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0].clamp(min=1.0)  # no NaN before the first step
             x = ((x - mean) / ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()).clamp(-10.0, 10.0).float()
         h = self.trunk(x)
         L = h.new_zeros(x.shape[0], self.act_dim, self.act_dim)

@@ -196,6 +196,7 @@ def test_normalize_obs_against_numpy():
     x = np.array([[5.0, -2.0, 0.0], [50.0, 100.0, -1.0]], np.float32)  # the second row far outside: clipped
     normalized = np.clip((x - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8), -10.0, 10.0)
     assert np.abs(normalized[1]).max() == 10.0  # the second row is clipped
+    assert all(torch.isfinite(t).all() for t in naf.NAFNetwork(3, 1, 8, normalize_obs=True)(torch.as_tensor(x)))  # nothing seen yet
     for normalize, expected in ((True, normalized), (False, x)):
         net, trunk_inputs = naf.NAFNetwork(3, 1, 8, normalize_obs=normalize), []
         net.trunk.register_forward_pre_hook(lambda module, args: trunk_inputs.append(args[0]))
