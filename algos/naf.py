@@ -81,8 +81,8 @@ e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-
    every observation a training step returned (SB3 VecNormalize's constants). x and x' of a
    batch go through the same, current statistics, and the checkpoint carries them. Measured
    (issue 13, 5 seeds per task, beside the defaults):
-   - HalfCheetah-v5, 100k steps, with 400 hidden units: final IQM 1,374 (seeds 1,202-1,408)
-     against 1,046 (885-1,620), and its IQM ahead at every 10k evaluation (10k: 481 against 95).
+   - HalfCheetah-v5, 100k steps: final IQM 1,174 alone and 1,374 with 400 hidden units (seeds
+     1,202-1,408), against 1,046 (885-1,620); each IQM ahead at every 10k evaluation.
    - InvertedPendulum-v5, 30k steps: the evaluations at 20k, 25k and 30k all >= 950 on only 2 of
      5 seeds (two ended at 49 and 85), against 5 of 5 without. A likely reason, not measured: as
      the policy learns to balance, the observations narrow, so the statistics keep moving under
