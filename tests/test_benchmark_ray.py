@@ -55,9 +55,16 @@ def sweep(tmp_path: Path, monkeypatch, cluster):
 
 
 def _driver(tmp_path: Path, args: list[str], name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchmark", "full", *args, "--name", name], cwd=tmp_path,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A suite started from a background shell (`cmd &`, nohup) runs with SIGINT ignored, which a child
+    # inherits, and Python then installs no KeyboardInterrupt handler: the Ctrl-C sent below would be lost
+    # and the driver would run on. Start it as from a terminal: with SIGINT caught here, exec resets it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "benchmark", "full", *args, "--name", name], cwd=tmp_path,
+                                env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stored_log(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> str:

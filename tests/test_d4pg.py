@@ -361,7 +361,7 @@ def test_refuses_foreign_and_incompatible_checkpoints(tmp_path):
     assert "written by naf.py, not d4pg.py" in refusal({"algo": "naf"})
     assert "is for HalfCheetah-v5, not Pendulum-v1" in refusal({"algo": "d4pg", "env_id": "HalfCheetah-v5"})
     assert "made with --num-atoms 11, not 51; pass --num-atoms 11" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(num_atoms=11))})
-    assert "--prioritized True, not False" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(prioritized=True))})
+    assert "was made with --prioritized, not False; pass --prioritized" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(prioritized=True))})
     assert "below the checkpoint's step 30000" in refusal({"algo": "d4pg", "global_step": 30_000})
     torch.save({"algo": "d4pg"}, path)
     assert "not a checkpoint written by this library" in error_of(resume=str(path))
