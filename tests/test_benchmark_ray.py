@@ -136,8 +136,8 @@ def a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str)
     assert len(_processes_with(env)) >= 2
     if stop == "cancel":
         driver.send_signal(signal.SIGINT)  # Ctrl-C
-        # The driver waits at most KILL_GRACE_S + 15 s for the cancelled runs, then Ray shuts down;
-        # 120 s was once exceeded on a 2-core machine running three trainings beside the suite.
+        # The driver waits at most KILL_GRACE_S + 15 s for the cancelled runs, then Ray shuts down
+        # (the limit leaves room for a loaded 2-core machine).
         out, err = driver.communicate(timeout=240)
         assert driver.returncode == 130 and "interrupted" in err, (out, err)
     else:
