@@ -88,21 +88,31 @@ e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-
      the policy learns to balance, the observations narrow, so the statistics keep moving under
      the network.
    - Pendulum-v1, 20k steps: a tie (IQM -138.7 against -138.6).
-Measured limit (issue 13): on HalfCheetah-v5 at 100k steps no setting measured comes near TD3.
-Final evaluations, same task and budget (5 seeds):
-  naf.py (defaults):                           885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
-  naf.py --hidden-dim 400 --normalize-obs:     1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
-  d4pg.py:                                     6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
-  RL Zoo's TD3:                                5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
-The plateau is neither a collapse nor an overestimate: every seed of the second row ends at >= 98%
-of its best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the
-value of the training episodes' mean reward per step held forever (return / 1000 / (1 - gamma):
-111-133). The greedy action moves only as far as the fitted quadratic's peak moves. More noise
-late (OU falling to 0.2, not 0.05; 3 seeds to 50k) did not help; whether the quadratic itself
-holds NAF back on locomotion was not measured. Short screens of other settings (3 seeds, stopped
-at 12k-29k steps: Gaussian noise 0.1, 10k random steps first, batch 256 at lr 3e-4, 2 updates
-per step) were too short to conclude. One or two seeds on Hopper-v5 and Walker2d-v5 (defaults)
-ended at 225-950 and 29. For locomotion, prefer d4pg.py.
+Measured on HalfCheetah-v5 (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
+with the defaults NAF learns to run on its back. At 15k steps the greedy policy of each of 4 seeds
+turned the cheetah over within the first 15-165 steps of every replayed episode, and already moved
+it forward upside down (0.2-1.2 m/s); a rerun to 100k still did (1.3 m/s). That gait levels off
+near a return of 1,400, the plateau of every setting above. Upside down too: normalisation (3 of
+4 seeds at 15k; with 400 units, 2 of 2 at 100k), 5 updates per step (2 of 2 at 12k), OU 0.1 (1 of
+2), Gaussian 0.1 (2 of 2), --head-init-scale 0.1 and --tau 0.001 (4 of 4 each). TD3's start, 10k
+uniform random steps and then Gaussian noise 0.1 (the zoo's `naf-halfcheetah`), changes the order:
+at 15k the policy is upside down but not moving, as d4pg.py's is at 10k, and it learns to run
+upright afterwards (13 of 15 replayed episodes at 100k upright throughout, mean speed 2.3-4.7 m/s
+by seed; d4pg: upright from 30k). Final evaluations, same task and budget (5 seeds):
+  naf.py (defaults):                                        885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
+  naf.py --hidden-dim 400 --normalize-obs:                  1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
+  naf.py --normalize-obs, TD3's start (the zoo's preset):   2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
+  d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
+  RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
+Upright, NAF still climbs more slowly than TD3 (IQM 1,887 against 3,554 at 50k). The upside-down
+plateau is not a collapse or an overestimate: the second row's seeds end at >= 98% of their best,
+and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training
+episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). TD3's start
+is not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1
+from the start collapsed Pendulum seeds (deviation c). Why the longer random start changes the
+order was not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. One
+or two seeds on Hopper-v5 and Walker2d-v5 (defaults) ended at 225-950 and 29. For locomotion,
+prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
