@@ -75,7 +75,8 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    steps. The port's clip at 1 with its heads initialised at 0.1 scale (`--max-grad-norm 1
    --head-init-scale 0.1`) did not stop the divergence under constant OU noise on
    InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). Several
-   updates per step ran only in a short HalfCheetah screen (below); input normalisation is e.
+   updates per step ran only in HalfCheetah screens (below: 5 still ran upside down, 2 with TD3's
+   start ended at 2,087 and 1,493 against 2,354 and 2,241 on 2 seeds); input normalisation is e.
 e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-halfcheetah`):
    the network reads clip((x - mean) / sqrt(var + 1e-8), -10, 10), with mean and var running over
    every observation a training step returned (SB3 VecNormalize's constants). x and x' of a

@@ -12,6 +12,7 @@ Usage (from the repository root):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ ALGOS = Path(__file__).resolve().parents[2] / "algos"
 Policy = Callable[[np.ndarray], np.ndarray]  # observation -> action in the env's bounds
 
 
+@functools.cache  # one import per algorithm file, however many checkpoints
 def load_algo(name: str):
     spec = importlib.util.spec_from_file_location(name, ALGOS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
