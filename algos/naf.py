@@ -48,7 +48,8 @@ Implementation details:
    write into --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
-checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k):
+checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
+option, on HalfCheetah-v5):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -89,6 +90,19 @@ e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-
      the policy learns to balance, the observations narrow, so the statistics keep moving under
      the network.
    - Pendulum-v1, 20k steps: a tie (IQM -138.7 against -138.6).
+f. A curvature floor, off by default (`--curvature-floor`): P = L L^T + floor I. With exp on L's
+   diagonal, P_11 = exp(2 l_11) is the one entry of P made of a single term, and its gradient
+   carries that same factor: once l_11 has drifted far below 0 it does not come back. A then no
+   longer depends on u_1, and mu_1 gets no gradient of its own; it drifts with the shared trunk.
+   This is what happened on HalfCheetah-v5 (results/issue13-ablations/naf_heads.py, on the replay's
+   last 5k states). With TD3's start the median P_11 was <= 0.005 at 100k steps in 11 of 12 runs,
+   where the other P_jj were 0.2-5.2 (in the runs that did not diverge); it was 0.03-1.3 at 15k in
+   12 screens of other settings, and already 0.001-0.002 at 50k in the 2 screens with TD3's start.
+   The one run that kept P_11 (0.14) was the preset's best seed (4,018). A floor of 0.01 keeps every
+   direction curved, but showed no gain (5 seeds, below): final IQM 3,355 against 3,036, inside the
+   seeds' spread, and behind at every 10k evaluation from 30k to 90k (1,484 against 1,887 at 50k).
+   mu_1 stayed saturated (|mu_1| > 0.99 on 85% of seed 1's states), where tanh passes almost no
+   gradient either. The flag is there to ablate the parameterisation; it is not a setting that won.
 Measured on HalfCheetah-v5 (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
 with the defaults NAF learns to run on its back. At 15k steps the greedy policy of each of 4 seeds
 turned the cheetah over within the first 15-165 steps of every replayed episode, and already moved
@@ -103,12 +117,17 @@ by seed; d4pg: upright from 30k). Final evaluations, same task and budget (5 see
   naf.py (defaults):                                        885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
   naf.py --hidden-dim 400 --normalize-obs:                  1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
   naf.py --normalize-obs, TD3's start (the zoo's preset):   2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
+    the same, --curvature-floor 0.01 (deviation f):           3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
+    the same, --batch-size 256 (TD3's batch; 3 seeds):       4,022, -494, -596 (two diverged)
   d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
   RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
 Upright, NAF still climbs more slowly than TD3 (IQM 1,887 against 3,554 at 50k). The upside-down
 plateau is not a collapse or an overestimate: the second row's seeds end at >= 98% of their best,
 and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training
-episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). TD3's start
+episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs
+with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the
+preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about 35k and 50k steps,
+and mu was saturated on 98-100% of states: the target's maximum, V'(x'), fed on itself. TD3's start
 is not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1
 from the start collapsed Pendulum seeds (deviation c). Why the longer random start changes the
 order was not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. One
@@ -212,6 +231,8 @@ class Args:
     """factor on the initial weights and biases of the V, mu and L heads"""
     max_grad_norm: float = 10.0
     """clip the gradient to this global norm (0: off)"""
+    curvature_floor: float = 0.0
+    """added to P's eigenvalues, P = L L^T + curvature_floor I, so A is concave along every action direction (deviation f)"""
     normalize_obs: bool = False
     """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""
 
@@ -296,16 +317,16 @@ class NAFNetwork(nn.Module):
 
 
 # ---------------------------------------------------------------- NAF math
-def advantage(u: torch.Tensor, mu: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
-    """A(x, u) = -1/2 (u - mu)^T P (u - mu) with P = L L^T."""
-    P = L @ L.transpose(1, 2)
+def advantage(u: torch.Tensor, mu: torch.Tensor, L: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """A(x, u) = -1/2 (u - mu)^T P (u - mu) with P = L L^T + floor I (floor 0: the paper; deviation f)."""
+    P = L @ L.transpose(1, 2) + floor * torch.eye(L.shape[-1], device=L.device)
     d = (u - mu).unsqueeze(-1)
     return -0.5 * (d.transpose(1, 2) @ P @ d).squeeze(-1).squeeze(-1)
 
 
-def q_value(V: torch.Tensor, mu: torch.Tensor, L: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def q_value(V: torch.Tensor, mu: torch.Tensor, L: torch.Tensor, u: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
     """Q(x, u) = V(x) + A(x, u)."""
-    return V + advantage(u, mu, L)
+    return V + advantage(u, mu, L, floor)
 
 
 def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -313,13 +334,13 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
     return r + gamma * (1.0 - terminated) * V_next
 
 
-def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float):
+def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0):
     """Returns the TD loss mean (y - Q(x, u))^2 and Q(x, u) (detached, for logging)."""
     with torch.no_grad():
         V_next, _, _ = target_net(batch["next_obs"])
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
     V, mu, L = net(batch["obs"])
-    q = q_value(V, mu, L, batch["actions"])
+    q = q_value(V, mu, L, batch["actions"], floor)
     return F.mse_loss(q, y), q.detach()
 
 
@@ -389,9 +410,9 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset, low, high):
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float):
+def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0):
     """One gradient step on the TD loss, then the soft target update. Returns (loss, Q(x, u))."""
-    loss, q = naf_loss(net, target_net, batch, gamma)
+    loss, q = naf_loss(net, target_net, batch, gamma, floor)
     optimizer.zero_grad()
     loss.backward()
     if max_grad_norm > 0:
@@ -418,7 +439,7 @@ def train(args: Args) -> None:
         (args.learning_starts >= 0, "--learning-starts must be non-negative"),
         (args.noise_scale >= 0 and (args.final_noise_scale is None or args.final_noise_scale >= 0), "--noise-scale and --final-noise-scale must be non-negative"),
         (args.noise_decay_steps >= 0 and args.max_grad_norm >= 0, "--noise-decay-steps and --max-grad-norm must be non-negative"),
-        (args.head_init_scale > 0, "--head-init-scale must be positive"),
+        (args.head_init_scale > 0 and args.curvature_floor >= 0, "--head-init-scale must be positive and --curvature-floor non-negative"),
         (args.hidden_dim >= 1 and args.updates_per_step >= 1, "--hidden-dim and --updates-per-step must be at least 1"),
     ])
     if args.eval_only:
@@ -460,8 +481,7 @@ def train(args: Args) -> None:
             obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
             if args.normalize_obs:  # the moments are used, and saved, only with the flag
                 net.observe(obs)
-            ep_return += rewards * ~autoreset
-            ep_length += ~autoreset
+            ep_return, ep_length = ep_return + rewards * ~autoreset, ep_length + ~autoreset  # a reset step belongs to no episode
             autoreset = next_autoreset
             prev_step, global_step = global_step, global_step + args.num_envs
             for i in np.flatnonzero(autoreset):
@@ -470,7 +490,7 @@ def train(args: Args) -> None:
 
             if global_step >= args.learning_starts and rb.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm)
+                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL
@@ -509,8 +529,7 @@ def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, vid
             with torch.inference_mode():
                 _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
             obs, r, terminated, truncated, _ = env.step(scale_action(mu[0].cpu().numpy(), low, high))
-            total += float(r)
-            done = terminated or truncated
+            total, done = total + float(r), terminated or truncated
         returns.append(total)
     env.close()
     return returns

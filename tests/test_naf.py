@@ -64,16 +64,30 @@ def test_L_and_P_structure():
     assert torch.all(torch.linalg.eigvalsh(P) > 0)
 
 
-def test_advantage_nonpositive_and_matches_numpy():
+@pytest.mark.parametrize("floor", [0.0, 0.3])
+def test_advantage_nonpositive_and_matches_numpy(floor):
     net = random_net()
     V, mu, L = net(torch.randn(128, 4))
     u = torch.rand(128, 3) * 2 - 1
-    A = naf.advantage(u, mu, L).detach().numpy()
+    A = naf.advantage(u, mu, L, floor).detach().numpy()
     assert np.all(A <= 0)
     for b in range(8):
         d = (u[b] - mu[b]).detach().numpy().astype(np.float64)
         Lb = L[b].detach().numpy().astype(np.float64)
-        assert A[b] == pytest.approx(-0.5 * d @ (Lb @ Lb.T) @ d, rel=1e-4, abs=1e-5)
+        assert A[b] == pytest.approx(-0.5 * d @ (Lb @ Lb.T + floor * np.eye(3)) @ d, rel=1e-4, abs=1e-5)
+
+
+def test_curvature_floor_keeps_a_dead_direction_curved():
+    """Deviation f: with L's first diagonal entry at exp(-30), as in the HalfCheetah runs, A is flat
+    along u_1 and mu_1 gets no gradient; the floor gives A = -floor/2 (u_1 - mu_1)^2 there, and a gradient."""
+    L = torch.tensor([[[float(np.exp(-30.0)), 0.0], [0.7, 1.3]]])
+    u = torch.tensor([[0.5, -0.2]])
+    for floor, expected_A, expected_grad in ((0.0, 0.0, 0.0), (0.2, -0.1 * 0.6**2, 0.2 * 0.6)):
+        mu = torch.tensor([[-0.1, -0.2]], requires_grad=True)  # u - mu = (0.6, 0): along u_1 only
+        A = naf.advantage(u, mu, L, floor)
+        A.sum().backward()
+        assert A.item() == pytest.approx(expected_A, abs=1e-7)
+        assert mu.grad[0, 0].item() == pytest.approx(expected_grad, abs=1e-7)
 
 
 def test_greedy_action_is_mu():
@@ -170,14 +184,18 @@ def test_update_clips_the_gradient_norm_or_not():
 
 
 def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
-    """The flags reach the loop: each step draws its noise at the scheduled sigma, and the saved
-    (untrained) network's heads are --head-init-scale times those of the same seed's default."""
+    """The flags reach the loop: each step draws its noise at the scheduled sigma, each update gets
+    --curvature-floor, and the saved (untrained) network's heads are --head-init-scale times those
+    of the same seed's default."""
     scales, real_noise = [], naf.exploration_noise
     monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, scale, rng: scales.append(scale) or real_noise(kind, state, scale, rng))
+    floors, real_update = [], naf.update
+    monkeypatch.setattr(naf, "update", lambda *args: floors.append(args[-1]) or real_update(*args))
     common = dict(total_steps=150, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0)
-    naf.train(naf.Args(learning_starts=0, noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=100,
+    naf.train(naf.Args(learning_starts=0, noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=100, curvature_floor=0.25,
                        run_dir=str(tmp_path / "decay"), **common))
     np.testing.assert_allclose(scales, [0.3 - 0.2 * min(1.0, t / 100) for t in range(150)])
+    assert floors == [0.25] * (150 - 16 + 1)  # one update per step once the buffer holds a batch
     for name, head_scale in (("plain", 1.0), ("small", 0.1)):  # no update before step 1000: the saved nets are the initial ones
         naf.train(naf.Args(learning_starts=1000, head_init_scale=head_scale, run_dir=str(tmp_path / name), **common))
     plain, small = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True)["net"] for n in ("plain", "small"))
@@ -396,6 +414,7 @@ def test_unsupported_env_refused(env_id, fragment):
     ({"updates_per_step": 0}, "--updates-per-step"), ({"noise_scale": -0.1}, "--noise-scale"),
     ({"final_noise_scale": -0.1}, "--final-noise-scale"), ({"noise_decay_steps": -1}, "--noise-decay-steps"),
     ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"), ({"hidden_dim": 0}, "--hidden-dim"),
+    ({"curvature_floor": -0.1}, "--curvature-floor"),
     ({"eval_only": True}, "--checkpoint"),
 ])
 def test_bad_hyperparameters(flags, fragment):
