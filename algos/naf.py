@@ -92,17 +92,19 @@ e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-
    - Pendulum-v1, 20k steps: a tie (IQM -138.7 against -138.6).
 f. A curvature floor, off by default (`--curvature-floor`): P = L L^T + floor I. With exp on L's
    diagonal, P_11 = exp(2 l_11) is the one entry of P made of a single term, and its gradient
-   carries that same factor: once l_11 has drifted far below 0 it does not come back. A then no
-   longer depends on u_1, and mu_1 gets no gradient of its own; it drifts with the shared trunk.
-   This is what happened on HalfCheetah-v5 (results/issue13-ablations/naf_heads.py, on the replay's
-   last 5k states). With TD3's start the median P_11 was <= 0.005 at 100k steps in 11 of 12 runs,
-   where the other P_jj were 0.2-5.2 (in the runs that did not diverge); it was 0.03-1.3 at 15k in
-   12 screens of other settings, and already 0.001-0.002 at 50k in the 2 screens with TD3's start.
-   The one run that kept P_11 (0.14) was the preset's best seed (4,018). A floor of 0.01 keeps every
-   direction curved, but showed no gain (5 seeds, below): final IQM 3,355 against 3,036, inside the
-   seeds' spread, and behind at every 10k evaluation from 30k to 90k (1,484 against 1,887 at 50k).
-   mu_1 stayed saturated (|mu_1| > 0.99 on 85% of seed 1's states), where tanh passes almost no
-   gradient either. The flag is there to ablate the parameterisation; it is not a setting that won.
+   carries that same factor, so once l_11 is far below 0 the way back is slow (a likely reason; no
+   l_11 trajectory was recorded). A then no longer depends on u_1, and mu_1 gets no gradient of its
+   own; it moves only with the shared trunk. This is what HalfCheetah-v5 showed, more with training
+   time (results/issue13-ablations/naf_heads.py, on the replay's last 5k states): the median P_11
+   was 0.03-1.3 at 15k steps (12 screens), 0.001-0.021 at 50k (4 screens), and <= 0.005 at 100k in
+   11 of 12 runs with TD3's start and 1 of 3 without, where the other P_jj were 0.2-5.2 (runs that
+   did not diverge). P_11 alone does not decide the return: the run that kept it (0.14) was the
+   preset's best seed (4,018), but one that lost it ended at 4,022. A floor of 0.01 (the only value
+   tried) keeps every direction curved, but showed no gain (5 seeds, below): final mean 3,051
+   against 3,074 (IQM 3,355 against 3,036, inside the seeds' spread), and an IQM behind at every 10k
+   evaluation from 30k to 90k (1,484 against 1,887 at 50k). mu_1 stayed saturated (|mu_1| > 0.99,
+   where tanh' < 0.02, on 85% of seed 1's states). The flag is there to ablate the
+   parameterisation; it is not a setting that won.
 Measured on HalfCheetah-v5 (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
 with the defaults NAF learns to run on its back. At 15k steps the greedy policy of each of 4 seeds
 turned the cheetah over within the first 15-165 steps of every replayed episode, and already moved
@@ -117,8 +119,8 @@ by seed; d4pg: upright from 30k). Final evaluations, same task and budget (5 see
   naf.py (defaults):                                        885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
   naf.py --hidden-dim 400 --normalize-obs:                  1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
   naf.py --normalize-obs, TD3's start (the zoo's preset):   2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
-    the same, --curvature-floor 0.01 (deviation f):           3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
-    the same, --batch-size 256 (TD3's batch; 3 seeds):       4,022, -494, -596 (two diverged)
+    the same, --curvature-floor 0.01 (deviation f):         3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
+    the same, --batch-size 256 (TD3's batch; 3 seeds):     4,022, -494, -596 (two diverged)
   d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
   RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
 Upright, NAF still climbs more slowly than TD3 (IQM 1,887 against 3,554 at 50k). The upside-down
@@ -126,8 +128,9 @@ plateau is not a collapse or an overestimate: the second row's seeds end at >= 9
 and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training
 episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs
 with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the
-preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about 35k and 50k steps,
-and mu was saturated on 98-100% of states: the target's maximum, V'(x'), fed on itself. TD3's start
+preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps,
+and mu was saturated on 98-100% of states: by all appearances the target's maximum, V'(x'), fed
+on itself. TD3's start
 is not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1
 from the start collapsed Pendulum seeds (deviation c). Why the longer random start changes the
 order was not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. One

@@ -184,18 +184,18 @@ def test_update_clips_the_gradient_norm_or_not():
 
 
 def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
-    """The flags reach the loop: each step draws its noise at the scheduled sigma, each update gets
-    --curvature-floor, and the saved (untrained) network's heads are --head-init-scale times those
-    of the same seed's default."""
+    """The flags reach the loop: each step draws its noise at the scheduled sigma, each update's
+    advantage gets --curvature-floor, and the saved (untrained) network's heads are
+    --head-init-scale times those of the same seed's default."""
     scales, real_noise = [], naf.exploration_noise
     monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, scale, rng: scales.append(scale) or real_noise(kind, state, scale, rng))
-    floors, real_update = [], naf.update
-    monkeypatch.setattr(naf, "update", lambda *args: floors.append(args[-1]) or real_update(*args))
+    floors, real_advantage = [], naf.advantage  # the end of the chain train -> update -> naf_loss -> q_value
+    monkeypatch.setattr(naf, "advantage", lambda u, mu, L, floor=0.0: floors.append(floor) or real_advantage(u, mu, L, floor))
     common = dict(total_steps=150, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0)
     naf.train(naf.Args(learning_starts=0, noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=100, curvature_floor=0.25,
                        run_dir=str(tmp_path / "decay"), **common))
     np.testing.assert_allclose(scales, [0.3 - 0.2 * min(1.0, t / 100) for t in range(150)])
-    assert floors == [0.25] * (150 - 16 + 1)  # one update per step once the buffer holds a batch
+    assert floors == [0.25] * (150 - 16 + 1)  # one update (one advantage) per step once the buffer holds a batch
     for name, head_scale in (("plain", 1.0), ("small", 0.1)):  # no update before step 1000: the saved nets are the initial ones
         naf.train(naf.Args(learning_starts=1000, head_init_scale=head_scale, run_dir=str(tmp_path / name), **common))
     plain, small = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True)["net"] for n in ("plain", "small"))

@@ -24,7 +24,7 @@ import torch
 
 from gait import load_algo
 
-LAST = 5_000  # transitions, newest first in time: the replay's recent policy
+LAST = 5_000  # the newest transitions (the slice keeps their order, oldest first): the recent policy
 
 
 def quantiles(t: torch.Tensor) -> list[float]:
