@@ -105,17 +105,17 @@ f. A curvature floor, off by default (`--curvature-floor`): P = L L^T + floor I.
    evaluation from 30k to 90k (1,484 against 1,887 at 50k). mu_1 stayed saturated (|mu_1| > 0.99,
    where tanh' < 0.02, on 85% of seed 1's states). The flag is there to ablate the
    parameterisation; it is not a setting that won.
-Measured on HalfCheetah-v5 (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
-with the defaults NAF learns to run on its back. At 15k steps the greedy policy of each of 4 seeds
-turned the cheetah over within the first 15-165 steps of every replayed episode, and already moved
-it forward upside down (0.2-1.2 m/s); a rerun to 100k still did (1.3 m/s). That gait levels off
-near a return of 1,400, the plateau of every setting above. Upside down too: normalisation (3 of
-4 seeds at 15k; with 400 units, 2 of 2 at 100k), 5 updates per step (2 of 2 at 12k), OU 0.1 (1 of
-2), Gaussian 0.1 (2 of 2), --head-init-scale 0.1 and --tau 0.001 (4 of 4 each). TD3's start, 10k
-uniform random steps and then Gaussian noise 0.1 (the zoo's `naf-halfcheetah`), changes the order:
-at 15k the policy is upside down but not moving, as d4pg.py's is at 10k, and it learns to run
-upright afterwards (13 of 15 replayed episodes at 100k upright throughout, mean speed 2.3-4.7 m/s
-by seed; d4pg: upright from 30k). Final evaluations, same task and budget (5 seeds):
+Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
+on HalfCheetah-v5 with the defaults NAF learns to run on its back. At 15k steps the greedy policy
+of each of 4 seeds turned the cheetah over within the first 15-165 steps of every replayed episode,
+and already moved it forward upside down (0.2-1.2 m/s); a rerun to 100k still did (1.3 m/s). That
+gait levels off near a return of 1,400, the plateau of every setting above. Upside down too:
+normalisation (3 of 4 seeds at 15k; with 400 units, 2 of 2 at 100k), 5 updates per step (2 of 2 at
+12k), OU 0.1 (1 of 2), Gaussian 0.1 (2 of 2), --head-init-scale 0.1 and --tau 0.001 (4 of 4 each).
+TD3's start, 10k uniform random steps and then Gaussian noise 0.1 (the zoo's `naf-halfcheetah`),
+changes the order: at 15k the policy is upside down but not moving, as d4pg.py's is at 10k, and it
+learns to run upright afterwards (13 of 15 replayed episodes at 100k upright throughout, mean speed
+2.3-4.7 m/s by seed; d4pg: upright from 30k). Final evaluations, same task and budget (5 seeds):
   naf.py (defaults):                                        885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
   naf.py --hidden-dim 400 --normalize-obs:                  1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
   naf.py --normalize-obs, TD3's start (the zoo's preset):   2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
@@ -128,16 +128,15 @@ plateau is not a collapse or an overestimate: the second row's seeds end at >= 9
 and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training
 episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs
 with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the
-preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps,
-and mu was saturated on 98-100% of states: by all appearances the target's maximum, V'(x'), fed
-on itself. TD3's start
-is not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1
-from the start collapsed Pendulum seeds (deviation c). Why the longer random start changes the
-order was not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. On
-Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 (IQM 333)
-against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875): mu_1 was saturated on 96-100%
-of the states of every seed, where tanh passes almost no gradient. One Walker2d-v5 seed (defaults)
-ended at 29. For locomotion, prefer d4pg.py.
+preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps, and
+mu was saturated on 98-100% of states: by all appearances the target's maximum, V'(x'), fed on
+itself. TD3's start is not the default: its 10k random steps are half of Pendulum-v1's budget, and
+Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c). Why the longer random
+start changes the order was not measured: Gaussian 0.1 after the default 1k random steps still ran
+upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661
+and 110 (IQM 333) against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875): mu_1 was
+saturated on 96-100% of the states of every seed, where tanh passes almost no gradient. One
+Walker2d-v5 seed (defaults) ended at 29. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """

@@ -78,8 +78,9 @@ def test_advantage_nonpositive_and_matches_numpy(floor):
 
 
 def test_curvature_floor_keeps_a_dead_direction_curved():
-    """Deviation f: with L's first diagonal entry at exp(-30), as in the HalfCheetah runs, A is flat
-    along u_1 and mu_1 gets no gradient; the floor gives A = -floor/2 (u_1 - mu_1)^2 there, and a gradient."""
+    """Deviation f: with L's first diagonal entry at exp(-30) (P_11 = exp(-60); the HalfCheetah runs'
+    median P_11 printed as 0.000), A is flat along u_1 and mu_1 gets no gradient; the floor gives
+    A = -floor/2 (u_1 - mu_1)^2 there, and a gradient floor (u_1 - mu_1)."""
     L = torch.tensor([[[float(np.exp(-30.0)), 0.0], [0.7, 1.3]]])
     u = torch.tensor([[0.5, -0.2]])
     for floor, expected_A, expected_grad in ((0.0, 0.0, 0.0), (0.2, -0.1 * 0.6**2, 0.2 * 0.6)):

@@ -24,7 +24,7 @@ import torch
 
 from gait import load_algo
 
-LAST = 5_000  # the newest transitions (the slice keeps their order, oldest first): the recent policy
+LAST = 5_000  # transitions: the states the recent policy visited
 
 
 def quantiles(t: torch.Tensor) -> list[float]:
@@ -35,7 +35,9 @@ def heads(path: str) -> str:
     naf = load_algo("naf")
     ckpt = torch.load(path, weights_only=True, map_location="cpu")
     rb = ckpt["replay_buffer"]
-    obs, actions = rb["obs"][-LAST:], rb["actions"][-LAST:]  # the filled part, oldest first (no wrap below 1M)
+    # The newest rows end just before the write pointer, also once the ring buffer has wrapped.
+    newest = (rb["ptr"] - torch.arange(min(LAST, rb["size"]), 0, -1)) % rb["size"]
+    obs, actions = rb["obs"][newest], rb["actions"][newest]
     net = naf.NAFNetwork(obs.shape[1], actions.shape[1], ckpt["args"]["hidden_dim"],
                          normalize_obs=ckpt["args"].get("normalize_obs", False))
     net.load_state_dict(ckpt["net"])
