@@ -48,8 +48,8 @@ Implementation details:
    write into --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
-checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
-option, on HalfCheetah-v5):
+checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f and g,
+options, on HalfCheetah-v5 and Hopper-v5):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -105,6 +105,11 @@ f. A curvature floor, off by default (`--curvature-floor`): P = L L^T + floor I.
    evaluation from 30k to 90k (1,484 against 1,887 at 50k). mu_1 stayed saturated (|mu_1| > 0.99,
    where tanh' < 0.02, on 85% of seed 1's states). The flag is there to ablate the
    parameterisation; it is not a setting that won.
+g. A penalty on mu before tanh, off by default (`--pre-tanh-penalty`; rlkit's SAC trainers have it
+   as `policy_pre_activation_weight`, summed over components there): the loss adds penalty * mean
+   over batch and components of (mu before tanh)^2. The TD loss reaches mu only through tanh, whose
+   slope is below 0.01 past |3|, so a component driven into the tail gets almost no gradient back;
+   the penalty's gradient, 2 penalty (mu before tanh) / (B |A|), grows the further in it is.
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
 on HalfCheetah-v5 with the defaults NAF learns to run on its back. At 15k steps the greedy policy
 of each of 4 seeds turned the cheetah over within the first 15-165 steps of every replayed episode,
@@ -237,6 +242,8 @@ class Args:
     """clip the gradient to this global norm (0: off)"""
     curvature_floor: float = 0.0
     """added to P's eigenvalues, P = L L^T + curvature_floor I, so A is concave along every action direction (deviation f)"""
+    pre_tanh_penalty: float = 0.0
+    """weight of mean((mu before tanh)^2) added to the loss, keeping mu off tanh's flat tails (deviation g; 0: the paper)"""
     normalize_obs: bool = False
     """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""
 
@@ -275,7 +282,6 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[gym.vector.V
     # NEXT_STEP autoreset on purpose (detail 5): step_and_store drops the reset step.
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    envs.action_space.seed(seed)
     obs, _ = envs.reset(seed=seed)
     return envs, obs
 
@@ -308,7 +314,7 @@ class NAFNetwork(nn.Module):
         self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), x.square().sum(0)])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], and L(x) [B, |A|, |A|]."""
+        """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|]."""
         if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
             mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0].clamp(min=1.0)  # no NaN before the first step
             x = ((x - mean) / ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()).clamp(-10.0, 10.0).float()
@@ -317,7 +323,8 @@ class NAFNetwork(nn.Module):
         L[:, self.tril[0], self.tril[1]] = self.l_head(h)
         # exp on the diagonal makes P = L L^T positive definite (paper, Section 4).
         L = torch.tril(L, diagonal=-1) + torch.diag_embed(torch.diagonal(L, dim1=1, dim2=2).exp())
-        return self.v_head(h).squeeze(-1), torch.tanh(self.mu_head(h)), L
+        pre_tanh = self.mu_head(h)
+        return self.v_head(h).squeeze(-1), torch.tanh(pre_tanh), L, pre_tanh
 
 
 # ---------------------------------------------------------------- NAF math
@@ -338,14 +345,14 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
     return r + gamma * (1.0 - terminated) * V_next
 
 
-def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0):
-    """Returns the TD loss mean (y - Q(x, u))^2 and Q(x, u) (detached, for logging)."""
+def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0):
+    """Returns the loss, mean (y - Q(x, u))^2 + penalty * mean((mu before tanh)^2) (deviation g), and Q(x, u) detached."""
     with torch.no_grad():
-        V_next, _, _ = target_net(batch["next_obs"])
+        V_next, _, _, _ = target_net(batch["next_obs"])
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
-    V, mu, L = net(batch["obs"])
+    V, mu, L, pre_tanh = net(batch["obs"])
     q = q_value(V, mu, L, batch["actions"], floor)
-    return F.mse_loss(q, y), q.detach()
+    return F.mse_loss(q, y) + penalty * pre_tanh.square().mean(), q.detach()
 
 
 @torch.no_grad()
@@ -414,9 +421,9 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset, low, high):
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0):
-    """One gradient step on the TD loss, then the soft target update. Returns (loss, Q(x, u))."""
-    loss, q = naf_loss(net, target_net, batch, gamma, floor)
+def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0, penalty: float = 0.0):
+    """One gradient step on the loss, then the soft target update. Returns (loss, Q(x, u))."""
+    loss, q = naf_loss(net, target_net, batch, gamma, floor, penalty)
     optimizer.zero_grad()
     loss.backward()
     if max_grad_norm > 0:
@@ -443,7 +450,7 @@ def train(args: Args) -> None:
         (args.learning_starts >= 0, "--learning-starts must be non-negative"),
         (args.noise_scale >= 0 and (args.final_noise_scale is None or args.final_noise_scale >= 0), "--noise-scale and --final-noise-scale must be non-negative"),
         (args.noise_decay_steps >= 0 and args.max_grad_norm >= 0, "--noise-decay-steps and --max-grad-norm must be non-negative"),
-        (args.head_init_scale > 0 and args.curvature_floor >= 0, "--head-init-scale must be positive and --curvature-floor non-negative"),
+        (args.head_init_scale > 0 and min(args.curvature_floor, args.pre_tanh_penalty) >= 0, "--head-init-scale must be positive, --curvature-floor and --pre-tanh-penalty non-negative"),
         (args.hidden_dim >= 1 and args.updates_per_step >= 1, "--hidden-dim and --updates-per-step must be at least 1"),
     ])
     if args.eval_only:
@@ -478,7 +485,7 @@ def train(args: Args) -> None:
                 u = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
             else:
                 with torch.inference_mode():
-                    _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                    _, mu, _, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device))
                 noise, ou_state = exploration_noise(args.noise, ou_state, noise_scale(args, global_step), rng)
                 u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
             ou_state[autoreset] = 0.0  # the env ignores this row's action: a new episode's noise starts at 0
@@ -494,7 +501,7 @@ def train(args: Args) -> None:
 
             if global_step >= args.learning_starts and rb.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor)
+                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL
@@ -524,15 +531,14 @@ def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, vid
     env = make_env(env_id, render_mode="rgb_array" if video_dir else None)
     if video_dir:
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
-    low, high = env.action_space.low, env.action_space.high
     returns = []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + 10_000 + i)
         done, total = False, 0.0
         while not done:
             with torch.inference_mode():
-                _, mu, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
-            obs, r, terminated, truncated, _ = env.step(scale_action(mu[0].cpu().numpy(), low, high))
+                _, mu, _, _ = net(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            obs, r, terminated, truncated, _ = env.step(scale_action(mu[0].cpu().numpy(), env.action_space.low, env.action_space.high))
             total, done = total + float(r), terminated or truncated
         returns.append(total)
     env.close()
@@ -542,9 +548,8 @@ def evaluate(net: NAFNetwork, env_id: str, episodes: int, seed: int, device, vid
 def eval_only(args: Args) -> None:
     """Evaluate --checkpoint with its own env, network and seed: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    env = make_env(ckpt["env_id"])
-    net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"], normalize_obs=ckpt["args"].get("normalize_obs", False)).to(device)
-    env.close()
+    with make_env(ckpt["env_id"]) as env:  # its spaces size the network
+        net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"], normalize_obs=ckpt["args"].get("normalize_obs", False)).to(device)
     net.load_state_dict(ckpt["net"])
     run_dir = run_dir_for(args, args.checkpoint)
     video_dir = run_dir / "videos" if args.capture_video else None

@@ -39,9 +39,41 @@ def random_net(obs_dim=4, act_dim=3, seed=0):
 # ---------------------------------------------------------------- NAF math
 def test_q_at_mu_equals_v():
     net = random_net()
-    V, mu, L = net(torch.randn(64, 4))
+    V, mu, L, _ = net(torch.randn(64, 4))
     torch.testing.assert_close(naf.q_value(V, mu, L, mu), V)
     assert mu.abs().max() <= 1.0
+
+
+def test_mu_is_tanh_of_the_fourth_output():
+    """forward's last output is mu before tanh: the mu head's linear output on the trunk's features."""
+    net = random_net()
+    x = torch.randn(32, 4)
+    _, mu, _, pre_tanh = net(x)
+    torch.testing.assert_close(pre_tanh, net.mu_head(net.trunk(x)))
+    torch.testing.assert_close(mu, torch.tanh(pre_tanh))
+
+
+def test_pre_tanh_penalty_adds_to_the_loss_and_revives_a_saturated_mu():
+    """Deviation g: the loss is the TD loss plus penalty * the mean over batch and components of
+    (mu before tanh)^2. With mu's head pushed far into tanh's tail (pre-tanh ~ 30, tanh' ~ 4e-26)
+    the TD loss gives the mu head no gradient; the penalty gives it 2 penalty pre / (B |A|) per
+    entry, pulling it back towards 0."""
+    batch = {"obs": torch.randn(6, 4), "actions": torch.rand(6, 3) * 2 - 1, "rewards": torch.randn(6),
+             "next_obs": torch.randn(6, 4), "terminated": torch.zeros(6)}
+    net, target = random_net(seed=0), random_net(seed=1)
+    with torch.no_grad():
+        net.mu_head.bias.fill_(30.0)
+    td_only = naf.naf_loss(net, target, batch, 0.99)[0]
+    td_only.backward()
+    assert net.mu_head.bias.grad.abs().max() == 0.0
+    net.zero_grad()
+    loss = naf.naf_loss(net, target, batch, 0.99, penalty=0.01)[0]
+    loss.backward()
+    pre_tanh = net(batch["obs"])[3].detach().double()
+    assert loss.item() == pytest.approx(td_only.item() + 0.01 * (pre_tanh ** 2).sum().item() / 18, rel=1e-6)
+    expected_bias_grad = (2 * 0.01 * pre_tanh / 18).sum(0)  # d/d bias_j of the penalty, summed over the batch
+    torch.testing.assert_close(net.mu_head.bias.grad.double(), expected_bias_grad, rtol=1e-5, atol=1e-9)
+    assert torch.all(net.mu_head.bias.grad > 0)  # gradient descent lowers the bias: mu moves back off the bound
 
 
 def test_L_and_P_structure():
@@ -49,7 +81,7 @@ def test_L_and_P_structure():
     exponentiated; P = L L^T is symmetric positive definite."""
     net = random_net(act_dim=3)
     x = torch.randn(32, 4)
-    _, _, L = net(x)
+    _, _, L, _ = net(x)
     raw = net.l_head(net.trunk(x)).detach()
     for b in range(4):
         k = 0
@@ -67,7 +99,7 @@ def test_L_and_P_structure():
 @pytest.mark.parametrize("floor", [0.0, 0.3])
 def test_advantage_nonpositive_and_matches_numpy(floor):
     net = random_net()
-    V, mu, L = net(torch.randn(128, 4))
+    V, mu, L, _ = net(torch.randn(128, 4))
     u = torch.rand(128, 3) * 2 - 1
     A = naf.advantage(u, mu, L, floor).detach().numpy()
     assert np.all(A <= 0)
@@ -93,7 +125,7 @@ def test_curvature_floor_keeps_a_dead_direction_curved():
 
 def test_greedy_action_is_mu():
     net = random_net()
-    V, mu, L = net(torch.randn(16, 4))
+    V, mu, L, _ = net(torch.randn(16, 4))
     V, mu, L = V.detach(), mu.detach(), L.detach()
     q_mu = naf.q_value(V, mu, L, mu)
     for _ in range(50):
@@ -123,7 +155,7 @@ def test_loss_bootstraps_from_target_network():
     loss, q_logged = naf.naf_loss(net, target, batch, 0.99)
     with torch.no_grad():
         V_next = target(batch["next_obs"])[0]
-        V, mu, L = net(batch["obs"])
+        V, mu, L, _ = net(batch["obs"])
         q = [V[i] + naf.advantage(batch["actions"][i:i + 1], mu[i:i + 1], L[i:i + 1])[0] for i in range(5)]
         y = [batch["rewards"][i] + (0.0 if batch["terminated"][i] else 0.99 * V_next[i]) for i in range(5)]
     expected = sum((q[i] - y[i]) ** 2 for i in range(5)) / 5
@@ -186,17 +218,21 @@ def test_update_clips_the_gradient_norm_or_not():
 
 def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
     """The flags reach the loop: each step draws its noise at the scheduled sigma, each update's
-    advantage gets --curvature-floor, and the saved (untrained) network's heads are
+    advantage gets --curvature-floor and each update's loss --pre-tanh-penalty, and the saved (untrained) network's heads are
     --head-init-scale times those of the same seed's default."""
     scales, real_noise = [], naf.exploration_noise
     monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, scale, rng: scales.append(scale) or real_noise(kind, state, scale, rng))
     floors, real_advantage = [], naf.advantage  # the end of the chain train -> update -> naf_loss -> q_value
     monkeypatch.setattr(naf, "advantage", lambda u, mu, L, floor=0.0: floors.append(floor) or real_advantage(u, mu, L, floor))
+    penalties, real_loss = [], naf.naf_loss
+    monkeypatch.setattr(naf, "naf_loss", lambda net, target, batch, gamma, floor, penalty:
+                        penalties.append(penalty) or real_loss(net, target, batch, gamma, floor, penalty))
     common = dict(total_steps=150, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0)
     naf.train(naf.Args(learning_starts=0, noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=100, curvature_floor=0.25,
-                       run_dir=str(tmp_path / "decay"), **common))
+                       pre_tanh_penalty=0.125, run_dir=str(tmp_path / "decay"), **common))
     np.testing.assert_allclose(scales, [0.3 - 0.2 * min(1.0, t / 100) for t in range(150)])
     assert floors == [0.25] * (150 - 16 + 1)  # one update (one advantage) per step once the buffer holds a batch
+    assert penalties == [0.125] * (150 - 16 + 1)
     for name, head_scale in (("plain", 1.0), ("small", 0.1)):  # no update before step 1000: the saved nets are the initial ones
         naf.train(naf.Args(learning_starts=1000, head_init_scale=head_scale, run_dir=str(tmp_path / name), **common))
     plain, small = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True)["net"] for n in ("plain", "small"))
@@ -415,7 +451,7 @@ def test_unsupported_env_refused(env_id, fragment):
     ({"updates_per_step": 0}, "--updates-per-step"), ({"noise_scale": -0.1}, "--noise-scale"),
     ({"final_noise_scale": -0.1}, "--final-noise-scale"), ({"noise_decay_steps": -1}, "--noise-decay-steps"),
     ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"), ({"hidden_dim": 0}, "--hidden-dim"),
-    ({"curvature_floor": -0.1}, "--curvature-floor"),
+    ({"curvature_floor": -0.1}, "--curvature-floor"), ({"pre_tanh_penalty": -0.01}, "--pre-tanh-penalty"),
     ({"eval_only": True}, "--checkpoint"),
 ])
 def test_bad_hyperparameters(flags, fragment):

@@ -42,14 +42,12 @@ def heads(path: str) -> str:
                          normalize_obs=ckpt["args"].get("normalize_obs", False))
     net.load_state_dict(ckpt["net"])
     floor = ckpt["args"].get("curvature_floor", 0.0)
-    pre_tanh = []
-    net.mu_head.register_forward_hook(lambda _module, _inputs, output: pre_tanh.append(output))
     with torch.inference_mode():
-        V, mu, L = net(obs)
+        V, mu, L, pre_tanh = net(obs)
         P = L @ L.transpose(1, 2) + floor * torch.eye(L.shape[-1])
         eig, P_jj = torch.linalg.eigvalsh(P), P.diagonal(dim1=1, dim2=2)  # eigenvalues ascending
         A = naf.advantage(actions, mu, L, floor)
-    return (f"{path} (step {ckpt.get('global_step')}): V {quantiles(V)} | |pre-tanh mu| {quantiles(pre_tanh[0].abs())}, "
+    return (f"{path} (step {ckpt.get('global_step')}): V {quantiles(V)} | |pre-tanh mu| {quantiles(pre_tanh.abs())}, "
             f"saturated {(mu.abs() > 0.99).float().mean().item():.0%} | eig min {quantiles(eig[:, 0])}, "
             f"eig max {quantiles(eig[:, -1])} | A(x, u) {quantiles(A)}\n"
             f"    per action component: median P_jj {[round(v, 3) for v in P_jj.median(0).values.tolist()]}, "
