@@ -48,8 +48,9 @@ Implementation details:
    write into --run-dir, else the folder above the checkpoint's checkpoints/ folder.
 
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
-checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f and g,
-options, on HalfCheetah-v5 and Hopper-v5):
+checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
+option, on HalfCheetah-v5; g, which came last, on those three tasks and Hopper-v5; a-f were
+measured without g):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -105,43 +106,60 @@ f. A curvature floor, off by default (`--curvature-floor`): P = L L^T + floor I.
    evaluation from 30k to 90k (1,484 against 1,887 at 50k). mu_1 stayed saturated (|mu_1| > 0.99,
    where tanh' < 0.02, on 85% of seed 1's states). The flag is there to ablate the
    parameterisation; it is not a setting that won.
-g. A penalty on mu before tanh, off by default (`--pre-tanh-penalty`; rlkit's SAC trainers have it
-   as `policy_pre_activation_weight`, summed over components there): the loss adds penalty * mean
-   over batch and components of (mu before tanh)^2. The TD loss reaches mu only through tanh, whose
-   slope is below 0.01 past |3|, so a component driven into the tail gets almost no gradient back;
-   the penalty's gradient, 2 penalty (mu before tanh) / (B |A|), grows the further in it is.
-Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint):
-on HalfCheetah-v5 with the defaults NAF learns to run on its back. At 15k steps the greedy policy
-of each of 4 seeds turned the cheetah over within the first 15-165 steps of every replayed episode,
-and already moved it forward upside down (0.2-1.2 m/s); a rerun to 100k still did (1.3 m/s). That
-gait levels off near a return of 1,400, the plateau of every setting above. Upside down too:
-normalisation (3 of 4 seeds at 15k; with 400 units, 2 of 2 at 100k), 5 updates per step (2 of 2 at
-12k), OU 0.1 (1 of 2), Gaussian 0.1 (2 of 2), --head-init-scale 0.1 and --tau 0.001 (4 of 4 each).
-TD3's start, 10k uniform random steps and then Gaussian noise 0.1 (the zoo's `naf-halfcheetah`),
-changes the order: at 15k the policy is upside down but not moving, as d4pg.py's is at 10k, and it
-learns to run upright afterwards (13 of 15 replayed episodes at 100k upright throughout, mean speed
-2.3-4.7 m/s by seed; d4pg: upright from 30k). Final evaluations, same task and budget (5 seeds):
-  naf.py (defaults):                                        885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
-  naf.py --hidden-dim 400 --normalize-obs:                  1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
-  naf.py --normalize-obs, TD3's start (the zoo's preset):   2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
-    the same, --curvature-floor 0.01 (deviation f):         3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
-    the same, --batch-size 256 (TD3's batch; 3 seeds):     4,022, -494, -596 (two diverged)
+g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the paper's loss; rlkit's
+   SAC trainers have it as `policy_pre_activation_weight`, summed over components there): the loss
+   adds penalty * the mean over batch and components of (mu before tanh)^2. The TD loss reaches mu
+   only through tanh, whose slope is below 0.01 past |3|, so a component driven into the tail gets
+   almost no gradient back; the penalty's gradient, 2 penalty (mu before tanh) / (B |A|), grows the
+   further in it is. Measured (issue 13, 5 seeds per row; 0.01 is the one weight run in full):
+   - Hopper-v5, 100k steps, the zoo's locomotion flags: without the penalty the thigh's mu sat at its
+     bound on 95-100% of the greedy policy's steps on every seed (median |mu before tanh| 15-90; RL
+     Zoo's TD3 actor: 0-20%), and each seed stood still (a return near 1,000 is 1 per step for
+     staying up) or fell. With it: 0-17% (medians 0.0-1.0); three seeds hop forward at 0.9-1.9 m/s,
+     and the final IQM is 798 against 333 (TD3: 875). One seed fell at the end (118 after 1,032).
+   - HalfCheetah-v5, 100k steps: final IQM 3,796 against 3,036 with the zoo's flags, ahead at
+     every 10k evaluation from 20k on. With the defaults otherwise 1,254 against 1,046, ahead from
+     20k on, but 4 of 5 seeds still ran on their backs, and one ended below half its best (590
+     after 1,283), where all 5 had held without the penalty (below).
+   - Pendulum-v1 (20k) and InvertedPendulum-v5 (30k), the defaults otherwise: a tie. Pendulum's final
+     mean was -134 against -137; on InvertedPendulum the last three evaluations were >= 950 on 5 of 5
+     seeds either way, with 3 single evaluations below 950 after first reaching it either way.
+   It does not revive P_11 (deviation f: median 0.000-0.021 at 100k on HalfCheetah with it).
+Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
+before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
+15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
+of every replayed episode, and already moved it forward upside down (0.2-1.2 m/s); a rerun to 100k
+still did (1.3 m/s). That gait levels off near a return of 1,400, the plateau of every setting
+above. Upside down too: normalisation (3 of 4 seeds at 15k; with 400 units, 2 of 2 at 100k), 5
+updates per step (2 of 2 at 12k), OU 0.1 (1 of 2), Gaussian 0.1 (2 of 2), --head-init-scale 0.1 and
+--tau 0.001 (4 of 4 each). TD3's start, 10k uniform random steps and then Gaussian noise 0.1 (the
+zoo's `naf-halfcheetah`), changes the order: at 15k the policy is upside down but not moving, as
+d4pg.py's is at 10k, and it learns to run upright afterwards (13 of 15 replayed episodes at 100k
+upright throughout, mean speed 2.3-4.7 m/s by seed; d4pg: upright from 30k). Final evaluations, same
+task and budget (5 seeds):
+  naf.py (defaults, with g):                                1,528, 1,096, 1,138, 590, 2,562 (IQM 1,254; seed 5 upright)
+  naf.py without g (the defaults before it):                885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
+  without g, --hidden-dim 400 --normalize-obs:              1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
+  naf.py --normalize-obs, TD3's start (the zoo's preset):   4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796)
+    the same without g:                                     2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
+    without g, --curvature-floor 0.01 (deviation f):        3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
+    without g, --batch-size 256 (TD3's batch; 3 seeds):     4,022, -494, -596 (two diverged)
   d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
   RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
-Upright, NAF still climbs more slowly than TD3 (IQM 1,887 against 3,554 at 50k). The upside-down
-plateau is not a collapse or an overestimate: the second row's seeds end at >= 98% of their best,
-and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training
-episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs
-with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the
-preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps, and
-mu was saturated on 98-100% of states: by all appearances the target's maximum, V'(x'), fed on
-itself. TD3's start is not the default: its 10k random steps are half of Pendulum-v1's budget, and
-Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c). Why the longer random
-start changes the order was not measured: Gaussian 0.1 after the default 1k random steps still ran
-upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661
-and 110 (IQM 333) against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875): mu_1 was
-saturated on 96-100% of the states of every seed, where tanh passes almost no gradient. One
-Walker2d-v5 seed (defaults) ended at 29. For locomotion, prefer d4pg.py.
+Upright, NAF still climbs more slowly than TD3 (IQM at 50k: 1,887 without g, 2,981 with it, TD3
+3,554). The upside-down plateau is not a collapse or an overestimate: the 400-unit row's seeds end
+at >= 98% of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within
+6% of the training episodes' mean reward per step held forever (return / 1000 / (1 - gamma):
+111-133). The two runs with batch 256 that failed did diverge: at 100k steps the median V(x) was
+13,600 and 40,800 (the preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about
+50k and 35k steps, and mu was saturated on 98-100% of states: by all appearances the target's
+maximum, V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are half of
+Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c).
+Why the longer random start changes the order was not measured: Gaussian 0.1 after the default 1k
+random steps still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at
+1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721 with it (the
+zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875). One
+Walker2d-v5 seed (defaults before g) ended at 29. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
@@ -242,7 +260,7 @@ class Args:
     """clip the gradient to this global norm (0: off)"""
     curvature_floor: float = 0.0
     """added to P's eigenvalues, P = L L^T + curvature_floor I, so A is concave along every action direction (deviation f)"""
-    pre_tanh_penalty: float = 0.0
+    pre_tanh_penalty: float = 0.01
     """weight of mean((mu before tanh)^2) added to the loss, keeping mu off tanh's flat tails (deviation g; 0: the paper)"""
     normalize_obs: bool = False
     """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""

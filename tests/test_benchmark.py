@@ -180,6 +180,10 @@ def test_real_zoo_is_valid_and_covers_every_algorithm(tmp_path: Path):
         hc = presets[name]
         assert not hc.provisional and (hc.full.total_steps, hc.full.seeds) == (100_000, 5)
         assert (hc.target.iqm_min, hc.target.hold, hc.target.at_least, hc.target.of) == (5476, 0.5, 5, 5)
+    hopper = presets["naf-hopper"]  # issue 13: naf's second locomotion task, against RL Zoo TD3's IQM there
+    assert not hopper.provisional and (hopper.full.total_steps, hopper.full.seeds) == (100_000, 5)
+    assert (hopper.target.iqm_min, hopper.target.hold, hopper.target.threshold) == (875, 0.5, 438)
+    assert hopper.args == presets["naf-halfcheetah"].args
     for name in ("naf-invertedpendulum", "d4pg-invertedpendulum"):  # issue 13: held over the last third of the run
         ip = presets[name]
         assert not ip.provisional and (ip.full.total_steps, ip.full.seeds) == (30_000, 5)
