@@ -7,7 +7,8 @@ model-based acceleration of Section 5 is not part of this file).
 Idea: Q-learning needs max_u Q(x, u), which has no closed form for continuous actions u.
 NAF restricts the advantage to a concave quadratic in u, centred on a learned action mu(x).
 Then the greedy action is mu(x) and max_u Q(x, u) = V(x), both read off one network: the
-policy needs no separate actor, and the only loss is the TD error of Q.
+policy needs no separate actor, and the only loss is the TD error of Q (plus, here, deviation g's
+small penalty on mu).
 
 Equations (paper, Section 4):
     Q(x, u) = V(x) + A(x, u)
@@ -16,6 +17,7 @@ Equations (paper, Section 4):
             exponentiated, so P is positive definite and A <= 0 with A = 0 only at u = mu
     y       = r + gamma (1 - terminated) V'(x')        (V' from the target network)
     loss    = mean_batch (y - Q(x, u))^2,   theta' <- tau theta + (1 - tau) theta'
+            (this file adds deviation g's penalty on mu before tanh to the loss)
 
 Implementation details:
 1. One MLP trunk (two ReLU layers of `hidden_dim`) with three linear heads: V (1 value),
@@ -122,19 +124,20 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
      20k on, but 4 of 5 seeds still ran on their backs, and one ended below half its best (590
      after 1,283), where all 5 had held without the penalty (below).
    - Pendulum-v1 (20k) and InvertedPendulum-v5 (30k), the defaults otherwise: a tie. Pendulum's final
-     mean was -134 against -137; on InvertedPendulum the last three evaluations were >= 950 on 5 of 5
-     seeds either way, with 3 single evaluations below 950 after first reaching it either way.
+     mean was -134 against -137; on InvertedPendulum the evaluations at 20k, 25k and 30k were all
+     >= 950 on 5 of 5 seeds either way, and 3 evaluations fell below 950 after first reaching it
+     either way (every 2,500 steps).
    It does not revive P_11 (deviation f: median 0.000-0.021 at 100k on HalfCheetah with it).
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
 before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
 15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
 of every replayed episode, and already moved it forward upside down (0.2-1.2 m/s); a rerun to 100k
-still did (1.3 m/s). That gait levels off near a return of 1,400, the plateau of every setting
-above. Upside down too: normalisation (3 of 4 seeds at 15k; with 400 units, 2 of 2 at 100k), 5
-updates per step (2 of 2 at 12k), OU 0.1 (1 of 2), Gaussian 0.1 (2 of 2), --head-init-scale 0.1 and
---tau 0.001 (4 of 4 each). TD3's start, 10k uniform random steps and then Gaussian noise 0.1 (the
-zoo's `naf-halfcheetah`), changes the order: at 15k the policy is upside down but not moving, as
-d4pg.py's is at 10k, and it learns to run upright afterwards (13 of 15 replayed episodes at 100k
+still did (1.3 m/s). That gait levels off near a return of 1,400, the plateau of every setting above
+measured before g. Upside down too: normalisation (3 of 4 seeds at 15k; with 400 units, 2 of 2 at
+100k), 5 updates per step (2 of 2 at 12k), OU 0.1 (1 of 2), Gaussian 0.1 (2 of 2), --head-init-scale
+0.1 and --tau 0.001 (4 of 4 each). TD3's start, 10k uniform random steps and then Gaussian noise 0.1
+(the zoo's `naf-halfcheetah`), changes the order: at 15k the policy is upside down but not moving,
+as d4pg.py's is at 10k, and it learns to run upright afterwards (13 of 15 replayed episodes at 100k
 upright throughout, mean speed 2.3-4.7 m/s by seed; d4pg: upright from 30k). Final evaluations, same
 task and budget (5 seeds):
   naf.py (defaults, with g):                                1,528, 1,096, 1,138, 590, 2,562 (IQM 1,254; seed 5 upright)
@@ -151,15 +154,15 @@ Upright, NAF still climbs more slowly than TD3 (IQM at 50k: 1,887 without g, 2,9
 at >= 98% of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within
 6% of the training episodes' mean reward per step held forever (return / 1000 / (1 - gamma):
 111-133). The two runs with batch 256 that failed did diverge: at 100k steps the median V(x) was
-13,600 and 40,800 (the preset's seeds: 260-400), the batch mean of Q(x, u) had taken off from about
-50k and 35k steps, and mu was saturated on 98-100% of states: by all appearances the target's
-maximum, V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are half of
-Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c).
-Why the longer random start changes the order was not measured: Gaussian 0.1 after the default 1k
-random steps still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at
-1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721 with it (the
-zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875). One
-Walker2d-v5 seed (defaults before g) ended at 29. For locomotion, prefer d4pg.py.
+13,600 and 40,800 (the preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken off
+from about 50k and 35k steps, and mu was saturated on 98-100% of states: by all appearances the
+target's maximum, V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are
+half of Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds
+(deviation c). Why the longer random start changes the order was not measured: Gaussian 0.1 after
+the default 1k random steps still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's
+flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721
+with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690
+(IQM 875). One Walker2d-v5 seed (defaults before g) ended at 29. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
@@ -331,7 +334,7 @@ class NAFNetwork(nn.Module):
         x = torch.as_tensor(obs, dtype=torch.float64, device=self.obs_moments.device)
         self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), x.square().sum(0)])
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|]."""
         if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
             mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0].clamp(min=1.0)  # no NaN before the first step
@@ -364,13 +367,14 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
 
 
 def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0):
-    """Returns the loss, mean (y - Q(x, u))^2 + penalty * mean((mu before tanh)^2) (deviation g), and Q(x, u) detached."""
+    """Returns the loss, TD = mean (y - Q(x, u))^2 plus penalty * mean((mu before tanh)^2) (deviation g), then TD and Q(x, u) detached."""
     with torch.no_grad():
         V_next, _, _, _ = target_net(batch["next_obs"])
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
     V, mu, L, pre_tanh = net(batch["obs"])
     q = q_value(V, mu, L, batch["actions"], floor)
-    return F.mse_loss(q, y) + penalty * pre_tanh.square().mean(), q.detach()
+    td = F.mse_loss(q, y)
+    return td + penalty * pre_tanh.square().mean(), td.detach(), q.detach()
 
 
 @torch.no_grad()
@@ -430,25 +434,25 @@ class ReplayBuffer:
             getattr(self, name)[: self.size] = state[name].numpy()
 
 
-def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset, low, high):
+def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset):
     """One vector step; store only real transitions (detail 5). Returns the step's outputs
     and the mask of envs whose next step is an autoreset."""
-    next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(u, low, high))
+    next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(u, envs.single_action_space.low, envs.single_action_space.high))
     real = ~autoreset
     rb.add(obs[real], u[real], rewards[real], next_obs[real], terminated[real])
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
 def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0, penalty: float = 0.0):
-    """One gradient step on the loss, then the soft target update. Returns (loss, Q(x, u))."""
-    loss, q = naf_loss(net, target_net, batch, gamma, floor, penalty)
+    """One gradient step on the loss, then the soft target update. Returns (loss, TD loss, Q(x, u)), detached."""
+    loss, td, q = naf_loss(net, target_net, batch, gamma, floor, penalty)
     optimizer.zero_grad()
     loss.backward()
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
     optimizer.step()
     soft_update(target_net, net, tau)
-    return loss.detach(), q
+    return loss.detach(), td, q
 
 
 def checkpoint_state(net, target_net, optimizer, rb: ReplayBuffer, ou_state, num_updates: int, rng) -> dict:
@@ -468,7 +472,7 @@ def train(args: Args) -> None:
         (args.learning_starts >= 0, "--learning-starts must be non-negative"),
         (args.noise_scale >= 0 and (args.final_noise_scale is None or args.final_noise_scale >= 0), "--noise-scale and --final-noise-scale must be non-negative"),
         (args.noise_decay_steps >= 0 and args.max_grad_norm >= 0, "--noise-decay-steps and --max-grad-norm must be non-negative"),
-        (args.head_init_scale > 0 and min(args.curvature_floor, args.pre_tanh_penalty) >= 0, "--head-init-scale must be positive, --curvature-floor and --pre-tanh-penalty non-negative"),
+        (args.head_init_scale > 0 and args.curvature_floor >= 0 and args.pre_tanh_penalty >= 0, "--head-init-scale must be positive, --curvature-floor and --pre-tanh-penalty non-negative"),
         (args.hidden_dim >= 1 and args.updates_per_step >= 1, "--hidden-dim and --updates-per-step must be at least 1"),
     ])
     if args.eval_only:
@@ -480,7 +484,6 @@ def train(args: Args) -> None:
     global_step = ckpt["global_step"] if ckpt else 0
     envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
     net = NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale, args.normalize_obs).to(device)
     target_net = copy.deepcopy(net)
     target_net.obs_moments = net.obs_moments  # one set of statistics for x and x' (deviation e)
@@ -507,7 +510,7 @@ def train(args: Args) -> None:
                 noise, ou_state = exploration_noise(args.noise, ou_state, noise_scale(args, global_step), rng)
                 u = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
             ou_state[autoreset] = 0.0  # the env ignores this row's action: a new episode's noise starts at 0
-            obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset, low, high)
+            obs, rewards, terminated, truncated, next_autoreset = step_and_store(envs, rb, obs, u, autoreset)
             if args.normalize_obs:  # the moments are used, and saved, only with the flag
                 net.observe(obs)
             ep_return, ep_length = ep_return + rewards * ~autoreset, ep_length + ~autoreset  # a reset step belongs to no episode
@@ -519,11 +522,11 @@ def train(args: Args) -> None:
 
             if global_step >= args.learning_starts and rb.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    loss, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty)
+                    loss, td, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL
-                    log.scalars(global_step, {"losses/td_loss": loss, "losses/q_values": q.mean()})
+                    log.scalars(global_step, {"losses/td_loss": td, "losses/q_values": q.mean()})
             if every(global_step, prev_step, 1000) or global_step >= args.total_steps or stop:
                 log.scalars(global_step, {"charts/SPS": log.sps(global_step), "charts/learning_rate": args.learning_rate})
             if stop:  # save right away: no evaluation, no periodic checkpoint

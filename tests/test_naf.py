@@ -54,26 +54,33 @@ def test_mu_is_tanh_of_the_fourth_output():
 
 
 def test_pre_tanh_penalty_adds_to_the_loss_and_revives_a_saturated_mu():
-    """Deviation g: the loss is the TD loss plus penalty * the mean over batch and components of
-    (mu before tanh)^2. With mu's head pushed far into tanh's tail (pre-tanh ~ 30, tanh' ~ 4e-26)
-    the TD loss gives the mu head no gradient; the penalty gives it 2 penalty pre / (B |A|) per
-    entry, pulling it back towards 0."""
+    """Deviation g (on by default, 0.01): the loss is the TD loss plus penalty * the mean over batch
+    and components of (mu before tanh)^2. With mu's head pushed far into tanh's tail (pre-tanh ~ 30,
+    tanh' ~ 4e-26) the TD loss gives the mu head no gradient; the penalty gives it 2 penalty pre /
+    (B |A|) per entry, pulling it back towards 0. The TD part is returned (and logged) on its own."""
+    assert naf.Args().pre_tanh_penalty == 0.01
     batch = {"obs": torch.randn(6, 4), "actions": torch.rand(6, 3) * 2 - 1, "rewards": torch.randn(6),
              "next_obs": torch.randn(6, 4), "terminated": torch.zeros(6)}
     net, target = random_net(seed=0), random_net(seed=1)
     with torch.no_grad():
         net.mu_head.bias.fill_(30.0)
-    td_only = naf.naf_loss(net, target, batch, 0.99)[0]
+    td_only = naf.naf_loss(net, target, batch, 0.99, penalty=0.0)[0]
     td_only.backward()
     assert net.mu_head.bias.grad.abs().max() == 0.0
     net.zero_grad()
-    loss = naf.naf_loss(net, target, batch, 0.99, penalty=0.01)[0]
+    loss, td, _ = naf.naf_loss(net, target, batch, 0.99, penalty=0.01)
     loss.backward()
+    assert td.item() == td_only.item()
     pre_tanh = net(batch["obs"])[3].detach().double()
     assert loss.item() == pytest.approx(td_only.item() + 0.01 * (pre_tanh ** 2).sum().item() / 18, rel=1e-6)
     expected_bias_grad = (2 * 0.01 * pre_tanh / 18).sum(0)  # d/d bias_j of the penalty, summed over the batch
     torch.testing.assert_close(net.mu_head.bias.grad.double(), expected_bias_grad, rtol=1e-5, atol=1e-9)
     assert torch.all(net.mu_head.bias.grad > 0)  # gradient descent lowers the bias: mu moves back off the bound
+    same = random_net(seed=0)
+    with torch.no_grad():
+        same.mu_head.bias.fill_(30.0)
+    stepped = naf.update(same, target, torch.optim.SGD(same.parameters(), lr=0.0), batch, 0.99, 0.005, 0.0, 0.0, 0.01)
+    assert (stepped[0].item(), stepped[1].item()) == (loss.item(), td_only.item())  # (loss, TD loss, Q): the log gets TD
 
 
 def test_L_and_P_structure():
@@ -152,14 +159,14 @@ def test_loss_bootstraps_from_target_network():
     net, target = random_net(seed=0), random_net(seed=1)
     batch = {"obs": torch.randn(5, 4), "actions": torch.rand(5, 3) * 2 - 1, "rewards": torch.randn(5),
              "next_obs": torch.randn(5, 4), "terminated": torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0])}
-    loss, q_logged = naf.naf_loss(net, target, batch, 0.99)
+    loss, td, q_logged = naf.naf_loss(net, target, batch, 0.99, penalty=0.0)
     with torch.no_grad():
         V_next = target(batch["next_obs"])[0]
         V, mu, L, _ = net(batch["obs"])
         q = [V[i] + naf.advantage(batch["actions"][i:i + 1], mu[i:i + 1], L[i:i + 1])[0] for i in range(5)]
         y = [batch["rewards"][i] + (0.0 if batch["terminated"][i] else 0.99 * V_next[i]) for i in range(5)]
     expected = sum((q[i] - y[i]) ** 2 for i in range(5)) / 5
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5) and td.item() == loss.item()
     torch.testing.assert_close(q_logged, torch.stack(q))
 
 
@@ -324,7 +331,7 @@ def test_autoreset_step_is_not_stored():
     for _ in range(40):
         stored += int((~autoreset).sum())
         u = np.zeros((3, 1), np.float32)
-        obs, _, terminated, truncated, autoreset = naf.step_and_store(envs, rb, obs, u, autoreset, -np.ones(1), np.ones(1))
+        obs, _, terminated, truncated, autoreset = naf.step_and_store(envs, rb, obs, u, autoreset)
         ends += int(autoreset.sum())
         truncations += int((truncated & ~terminated).sum())
     envs.close()
@@ -551,8 +558,8 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, fake_wandb, re
     real_loss = naf.naf_loss
 
     def nan_loss(*args):
-        loss, q = real_loss(*args)
-        return loss * float("nan"), q
+        loss, td, q = real_loss(*args)
+        return loss * float("nan"), td, q
 
     monkeypatch.setattr(naf, "naf_loss", nan_loss)
     run = tmp_path / "run"
