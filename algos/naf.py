@@ -113,7 +113,8 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
    adds penalty * the mean over batch and components of (mu before tanh)^2. The TD loss reaches mu
    only through tanh, whose slope is below 0.01 past |3|, so a component driven into the tail gets
    almost no gradient back; the penalty's gradient, 2 penalty (mu before tanh) / (B |A|), grows the
-   further in it is. Measured (issue 13, 5 seeds per row; 0.01 is the one weight run in full):
+   further in it is. Measured (issue 13, 5 seeds per row; 0.01 is the one weight run in full, and
+   single-seed pointers at 0.001 and 0.03 on Hopper-v5 did no better):
    - Hopper-v5, 100k steps, the zoo's locomotion flags: without the penalty the thigh's mu sat at its
      bound on 95-100% of the greedy policy's steps on every seed (median |mu before tanh| 15-90; RL
      Zoo's TD3 actor: 0-20%), and each seed stood still (a return near 1,000 is 1 per step for
@@ -367,7 +368,7 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
 
 
 def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0):
-    """Returns the loss, TD = mean (y - Q(x, u))^2 plus penalty * mean((mu before tanh)^2) (deviation g), then TD and Q(x, u) detached."""
+    """Returns (loss, TD, Q(x, u)): TD = mean (y - Q(x, u))^2, loss = TD + penalty * mean((mu before tanh)^2) (deviation g)."""
     with torch.no_grad():
         V_next, _, _, _ = target_net(batch["next_obs"])
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)

@@ -225,8 +225,8 @@ def test_update_clips_the_gradient_norm_or_not():
 
 def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
     """The flags reach the loop: each step draws its noise at the scheduled sigma, each update's
-    advantage gets --curvature-floor and each update's loss --pre-tanh-penalty, and the saved (untrained) network's heads are
-    --head-init-scale times those of the same seed's default."""
+    advantage gets --curvature-floor and each update's loss --pre-tanh-penalty, and the saved
+    (untrained) network's heads are --head-init-scale times those of the same seed's default."""
     scales, real_noise = [], naf.exploration_noise
     monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, scale, rng: scales.append(scale) or real_noise(kind, state, scale, rng))
     floors, real_advantage = [], naf.advantage  # the end of the chain train -> update -> naf_loss -> q_value
@@ -321,6 +321,34 @@ class CounterEnv(gym.Env):
 
 
 gym.register("NafCounter-v0", entry_point=CounterEnv, max_episode_steps=3)  # T = 4 gets truncated at t = 3
+
+
+class ActionEchoEnv(gym.Env):
+    """obs = the action the env received, in its bounds [-2, 3]."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(-2.0, 3.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.asarray(action, np.float32), 0.0, False, False, {}
+
+
+gym.register("NafActionEcho-v0", entry_point=ActionEchoEnv)
+
+
+def test_step_and_store_scales_to_the_env_bounds_and_stores_u():
+    """The env gets u in [-1, 1] mapped onto its own bounds [-2, 3]; the buffer keeps u itself."""
+    envs, obs = naf.make_vector_env("NafActionEcho-v0", 3, seed=0)
+    rb = naf.ReplayBuffer(10, 1, 1)
+    u = np.array([[-1.0], [0.0], [1.0]], np.float32)
+    next_obs, *_ = naf.step_and_store(envs, rb, obs, u, np.zeros(3, bool))
+    envs.close()
+    np.testing.assert_allclose(next_obs[:, 0], [-2.0, 0.5, 3.0])
+    np.testing.assert_allclose(rb.actions[:3, 0], [-1.0, 0.0, 1.0])
 
 
 def test_autoreset_step_is_not_stored():
@@ -459,6 +487,7 @@ def test_unsupported_env_refused(env_id, fragment):
     ({"final_noise_scale": -0.1}, "--final-noise-scale"), ({"noise_decay_steps": -1}, "--noise-decay-steps"),
     ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"), ({"hidden_dim": 0}, "--hidden-dim"),
     ({"curvature_floor": -0.1}, "--curvature-floor"), ({"pre_tanh_penalty": -0.01}, "--pre-tanh-penalty"),
+    ({"pre_tanh_penalty": float("nan")}, "--pre-tanh-penalty"),
     ({"eval_only": True}, "--checkpoint"),
 ])
 def test_bad_hyperparameters(flags, fragment):
