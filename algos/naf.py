@@ -15,7 +15,8 @@ Equations (paper, Section 4):
     A(x, u) = -1/2 (u - mu(x))^T P(x) (u - mu(x)),   P(x) = L(x) L(x)^T
     L(x)    lower-triangular, its entries a linear output of the network, diagonal
             exponentiated, so P is positive definite and A <= 0 with A = 0 only at u = mu
-    y       = r + gamma (1 - terminated) V'(x')        (V' from the target network)
+    y       = r + gamma (1 - terminated) V'(x')        (V' from the target network; deviation h,
+            an option, takes the smaller V' of two networks)
     loss    = mean_batch (y - Q(x, u))^2,   theta' <- tau theta + (1 - tau) theta'
             (this file adds deviation g's penalty on mu before tanh to the loss)
 
@@ -51,8 +52,8 @@ Implementation details:
 
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
 checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
-option, on HalfCheetah-v5; g, which came last, on those three tasks and Hopper-v5; a-f were
-measured without g):
+option, on HalfCheetah-v5; g on those three tasks and Hopper-v5; a-f were measured without g;
+h, an option, came last, on HalfCheetah-v5 and Hopper-v5 with g):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -129,6 +130,25 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
      >= 950 on 5 of 5 seeds either way, and 3 evaluations fell below 950 after first reaching it
      either way (every 2,500 steps).
    It does not revive P_11 (deviation f: median 0.000-0.021 at 100k on HalfCheetah with it).
+h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`, with TD3's batch
+   of 256): two NAF networks, initialised apart, each fitted to the same target
+   y = r + gamma (1 - terminated) min(V_1'(x'), V_2'(x')), and the loss is the sum of their two
+   losses. This is TD3's clipped double Q (Fujimoto et al. 2018): V' is the target network's own
+   maximum over u, so one network's errors there only ever raise y; the smaller of two fitted apart
+   raises it less. The first network acts and is evaluated; the gradient norm is clipped over
+   both. Each update costs two networks' forward and backward passes. Measured (issue 13, 100k
+   steps, the zoo's locomotion flags with g, 5 seeds unless a row says so):
+   - HalfCheetah-v5 with batch 256: final evaluations 4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
+     against 4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796) with one network at batch 128; the
+     worst seed 3,867 against 2,365, and every seed ended at >= 96% of its best. Steadier more
+     than faster: the IQM curve was behind at 20k, 30k and 50k-70k, ahead at 40k and 80k-100k.
+     Batch 256 with one network had diverged on 2 of 3 seeds before g (below); with g it did not
+     on those two seeds (batch mean of Q(x, u) at most 177 and 283) but ended at 1,991 and 3,688
+     (twins: 4,330 and 3,867). Twins cost twice the wall time here (17.8-22.0 min a run against
+     9.3-10.8, two runs at a time).
+   - Batch 128 (the default): HalfCheetah-v5 seed 1 ended at 3,993 against 4,071 without it; on
+     Hopper-v5 4 seeds ended at 394, 219, 1,017 and 88 (IQM 307) against 686, 1,831, 118 and 721 on
+     the same seeds, so the zoo's `naf-hopper` keeps batch 128 and one network.
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
 before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
 15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
@@ -144,19 +164,21 @@ task and budget (5 seeds):
   naf.py (defaults, with g):                                1,528, 1,096, 1,138, 590, 2,562 (IQM 1,254; seed 5 upright)
   naf.py without g (the defaults before it):                885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
   without g, --hidden-dim 400 --normalize-obs:              1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
-  naf.py --normalize-obs, TD3's start (the zoo's preset):   4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796)
+  the zoo's preset (TD3's start, --normalize-obs,
+    --twin-q --batch-size 256; deviation h):                4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
+  --normalize-obs, TD3's start (the preset before h):       4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796)
     the same without g:                                     2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
     without g, --curvature-floor 0.01 (deviation f):        3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
     without g, --batch-size 256 (TD3's batch; 3 seeds):     4,022, -494, -596 (two diverged)
   d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
   RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
-Upright, NAF still climbs more slowly than TD3 (IQM at 50k: 1,887 without g, 2,981 with it, TD3
-3,554). The upside-down plateau is not a collapse or an overestimate: the 400-unit row's seeds end
-at >= 98% of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within
-6% of the training episodes' mean reward per step held forever (return / 1000 / (1 - gamma):
-111-133). The two runs with batch 256 that failed did diverge: at 100k steps the median V(x) was
-13,600 and 40,800 (the preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken off
-from about 50k and 35k steps, and mu was saturated on 98-100% of states: by all appearances the
+Upright, NAF still climbs more slowly than TD3 (IQM at 50k: 1,887 without g, 2,981 with it, 2,843
+with h, TD3 3,554). The upside-down plateau is not a collapse or an overestimate: the 400-unit row's
+seeds end at >= 98% of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136)
+is within 6% of the training episodes' mean reward per step held forever (return / 1000 / (1 -
+gamma): 111-133). The two runs with batch 256 that failed did diverge: at 100k steps the median V(x)
+was 13,600 and 40,800 (the preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken
+off from about 50k and 35k steps, and mu was saturated on 98-100% of states: by all appearances the
 target's maximum, V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are
 half of Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds
 (deviation c). Why the longer random start changes the order was not measured: Gaussian 0.1 after
@@ -182,6 +204,7 @@ import resource
 import signal
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -195,6 +218,7 @@ import tyro
 from torch.utils.tensorboard import SummaryWriter
 
 OU_THETA = 0.15  # Ornstein-Uhlenbeck mean reversion (paper / DDPG, Lillicrap et al. 2015)
+NET_KEYS = ("", "twin_")  # checkpoint key prefixes of the acting network and its twin (deviation h)
 
 
 @dataclass
@@ -266,6 +290,8 @@ class Args:
     """added to P's eigenvalues, P = L L^T + curvature_floor I, so A is concave along every action direction (deviation f)"""
     pre_tanh_penalty: float = 0.01
     """weight of mean((mu before tanh)^2) added to the loss, keeping mu off tanh's flat tails (deviation g; 0: the paper)"""
+    twin_q: bool = False
+    """learn two networks and bootstrap from the smaller V'(x'), as TD3's clipped double Q (deviation h); the first one acts"""
     normalize_obs: bool = False
     """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""
 
@@ -367,15 +393,19 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
     return r + gamma * (1.0 - terminated) * V_next
 
 
-def naf_loss(net: NAFNetwork, target_net: NAFNetwork, batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0):
-    """Returns (loss, TD, Q(x, u)): TD = mean (y - Q(x, u))^2, loss = TD + penalty * mean((mu before tanh)^2) (deviation g)."""
+def naf_loss(nets: Sequence[NAFNetwork], target_nets: Sequence[NAFNetwork], batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0):
+    """Returns (loss, TD, Q(x, u)), TD and Q of the first network: TD = mean (y - Q(x, u))^2, loss = the sum over the
+    networks of TD + penalty * mean((mu before tanh)^2) (deviation g); y bootstraps from the smallest V'(x') (deviation h)."""
     with torch.no_grad():
-        V_next, _, _, _ = target_net(batch["next_obs"])
+        V_next = torch.stack([target_net(batch["next_obs"])[0] for target_net in target_nets]).amin(0)
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
-    V, mu, L, pre_tanh = net(batch["obs"])
-    q = q_value(V, mu, L, batch["actions"], floor)
-    td = F.mse_loss(q, y)
-    return td + penalty * pre_tanh.square().mean(), td.detach(), q.detach()
+    terms = []
+    for net in nets:
+        V, mu, L, pre_tanh = net(batch["obs"])
+        q = q_value(V, mu, L, batch["actions"], floor)
+        terms.append((F.mse_loss(q, y), pre_tanh.square().mean(), q))
+    (td, _, q), *_ = terms
+    return sum(td_i + penalty * pen_i for td_i, pen_i, _ in terms), td.detach(), q.detach()
 
 
 @torch.no_grad()
@@ -444,20 +474,24 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset):
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-def update(net: NAFNetwork, target_net: NAFNetwork, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0, penalty: float = 0.0):
-    """One gradient step on the loss, then the soft target update. Returns (loss, TD loss, Q(x, u)), detached."""
-    loss, td, q = naf_loss(net, target_net, batch, gamma, floor, penalty)
+def update(nets: nn.ModuleList, target_nets: nn.ModuleList, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0, penalty: float = 0.0):
+    """One gradient step on the loss (its norm clipped over all networks), then the soft target update.
+    Returns (loss, TD loss, Q(x, u)), detached."""
+    loss, td, q = naf_loss(nets, target_nets, batch, gamma, floor, penalty)
     optimizer.zero_grad()
     loss.backward()
     if max_grad_norm > 0:
-        nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+        nn.utils.clip_grad_norm_(nets.parameters(), max_grad_norm)
     optimizer.step()
-    soft_update(target_net, net, tau)
+    soft_update(target_nets, nets, tau)
     return loss.detach(), td, q
 
 
-def checkpoint_state(net, target_net, optimizer, rb: ReplayBuffer, ou_state, num_updates: int, rng) -> dict:
-    return {"num_updates": num_updates, "net": net.state_dict(), "target_net": target_net.state_dict(),
+def checkpoint_state(nets, target_nets, optimizer, rb: ReplayBuffer, ou_state, num_updates: int, rng) -> dict:
+    networks = {}  # "net" is the acting network, under the key it had before deviation h's twin
+    for prefix, net, target_net in zip(NET_KEYS, nets, target_nets):
+        networks |= {prefix + "net": net.state_dict(), prefix + "target_net": target_net.state_dict()}
+    return {"num_updates": num_updates, **networks,
             "optimizer": optimizer.state_dict(), "replay_buffer": rb.state_dict(),
             "ou_state": torch.from_numpy(ou_state.copy()), "rng": rng_state(torch=torch.default_generator, numpy=rng)}
 
@@ -481,19 +515,21 @@ def train(args: Args) -> None:
     device = pick_device(args.device)
     seed_everything(args.seed, args.torch_deterministic)
     rng = np.random.default_rng(args.seed)  # replay sampling, exploration noise, random actions
-    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size", "normalize_obs")) if args.resume else None
+    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size", "normalize_obs", "twin_q")) if args.resume else None
     global_step = ckpt["global_step"] if ckpt else 0
     envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
-    net = NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale, args.normalize_obs).to(device)
-    target_net = copy.deepcopy(net)
-    target_net.obs_moments = net.obs_moments  # one set of statistics for x and x' (deviation e)
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
+    nets = nn.ModuleList(NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale, args.normalize_obs) for _ in range(1 + args.twin_q)).to(device)
+    target_nets, net = copy.deepcopy(nets), nets[0]  # net acts and is evaluated
+    for other in (*nets[1:], *target_nets):
+        other.obs_moments = net.obs_moments  # one set of statistics for x and x' and every network (deviation e)
+    optimizer = torch.optim.Adam(nets.parameters(), lr=args.learning_rate)
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     ou_state, num_updates = np.zeros((args.num_envs, act_dim)), 0
     if ckpt:
-        net.load_state_dict(ckpt["net"])
-        target_net.load_state_dict(ckpt["target_net"])
+        for prefix, one_net, one_target in zip(NET_KEYS, nets, target_nets):
+            one_net.load_state_dict(ckpt[prefix + "net"])
+            one_target.load_state_dict(ckpt[prefix + "target_net"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rb.load_state_dict(ckpt["replay_buffer"])
         ou_state, num_updates = ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
@@ -523,7 +559,7 @@ def train(args: Args) -> None:
 
             if global_step >= args.learning_starts and rb.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    loss, td, q = update(net, target_net, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty)
+                    loss, td, q = update(nets, target_nets, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL
@@ -535,15 +571,15 @@ def train(args: Args) -> None:
             if every(global_step, prev_step, args.eval_interval) and global_step < args.total_steps:
                 log.scalars(global_step, {"eval/episodic_return": np.mean(evaluate(net, args.env_id, args.eval_episodes, args.seed, device))})
             if every(global_step, prev_step, args.checkpoint_interval):
-                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(net, target_net, optimizer, rb, ou_state, num_updates, rng))
+                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(nets, target_nets, optimizer, rb, ou_state, num_updates, rng))
             log.progress(global_step, args.total_steps)
         envs.close()
         if stop:
-            save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(net, target_net, optimizer, rb, ou_state, num_updates, rng))
+            save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(nets, target_nets, optimizer, rb, ou_state, num_updates, rng))
             return log.interrupted(global_step)
         returns = evaluate(net, args.env_id, args.eval_episodes, args.seed, device, log.run_dir / "videos" if args.capture_video else None)
         log.scalars(global_step, {"eval/episodic_return": np.mean(returns)})
-        save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(net, target_net, optimizer, rb, ou_state, num_updates, rng))
+        save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(nets, target_nets, optimizer, rb, ou_state, num_updates, rng))
         log.summary(global_step, returns, num_updates=num_updates)
 
 

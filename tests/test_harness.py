@@ -26,7 +26,7 @@ COUNTERPART_LINES = {
     "dqn_atari.py": 271 + 52,  # CleanRL dqn_atari.py + those wrappers
     "ppg.py": 480,  # CleanRL ppg_procgen.py
     "d4pg.py": 317,  # CleanRL td3_continuous_action.py
-    "naf.py": 300,  # CleanRL ddpg_continuous_action.py
+    "naf.py": 317,  # CleanRL td3_continuous_action.py: naf.py's --twin-q is TD3's clipped double Q (issue 13)
     "recurrent_ppo_atari.py": 375 + 52,  # CleanRL ppo_atari_lstm.py + those wrappers
     # No single-file peer has what these add; the allowance is stated, not hidden:
     "appo.py": 312 + 120,  # CleanRL ppo.py + actor processes, shared-memory weights, lag and shutdown

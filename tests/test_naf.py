@@ -36,6 +36,11 @@ def random_net(obs_dim=4, act_dim=3, seed=0):
     return net
 
 
+def one(net):
+    """A single network as update() takes its networks (deviation h's twin makes two)."""
+    return torch.nn.ModuleList([net])
+
+
 # ---------------------------------------------------------------- NAF math
 def test_q_at_mu_equals_v():
     net = random_net()
@@ -64,11 +69,11 @@ def test_pre_tanh_penalty_adds_to_the_loss_and_revives_a_saturated_mu():
     net, target = random_net(seed=0), random_net(seed=1)
     with torch.no_grad():
         net.mu_head.bias.fill_(30.0)
-    td_only = naf.naf_loss(net, target, batch, 0.99, penalty=0.0)[0]
+    td_only = naf.naf_loss([net], [target], batch, 0.99, penalty=0.0)[0]
     td_only.backward()
     assert net.mu_head.bias.grad.abs().max() == 0.0
     net.zero_grad()
-    loss, td, _ = naf.naf_loss(net, target, batch, 0.99, penalty=0.01)
+    loss, td, _ = naf.naf_loss([net], [target], batch, 0.99, penalty=0.01)
     loss.backward()
     assert td.item() == td_only.item()
     pre_tanh = net(batch["obs"])[3].detach().double()
@@ -79,7 +84,7 @@ def test_pre_tanh_penalty_adds_to_the_loss_and_revives_a_saturated_mu():
     same = random_net(seed=0)
     with torch.no_grad():
         same.mu_head.bias.fill_(30.0)
-    stepped = naf.update(same, target, torch.optim.SGD(same.parameters(), lr=0.0), batch, 0.99, 0.005, 0.0, 0.0, 0.01)
+    stepped = naf.update(one(same), one(target), torch.optim.SGD(same.parameters(), lr=0.0), batch, 0.99, 0.005, 0.0, 0.0, 0.01)
     assert (stepped[0].item(), stepped[1].item()) == (loss.item(), td_only.item())  # (loss, TD loss, Q): the log gets TD
 
 
@@ -159,7 +164,7 @@ def test_loss_bootstraps_from_target_network():
     net, target = random_net(seed=0), random_net(seed=1)
     batch = {"obs": torch.randn(5, 4), "actions": torch.rand(5, 3) * 2 - 1, "rewards": torch.randn(5),
              "next_obs": torch.randn(5, 4), "terminated": torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0])}
-    loss, td, q_logged = naf.naf_loss(net, target, batch, 0.99, penalty=0.0)
+    loss, td, q_logged = naf.naf_loss([net], [target], batch, 0.99, penalty=0.0)
     with torch.no_grad():
         V_next = target(batch["next_obs"])[0]
         V, mu, L, _ = net(batch["obs"])
@@ -168,6 +173,37 @@ def test_loss_bootstraps_from_target_network():
     expected = sum((q[i] - y[i]) ** 2 for i in range(5)) / 5
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5) and td.item() == loss.item()
     torch.testing.assert_close(q_logged, torch.stack(q))
+
+
+def test_twin_networks_bootstrap_from_the_smaller_v():
+    """Deviation h (--twin-q): y = r + gamma (1 - terminated) min(V_1'(x'), V_2'(x')), checked per
+    sample; the loss is the sum of both networks' TD losses against that one y (plus each one's
+    penalty), so each network's gradient is that of its own term; TD and Q returned are the first's."""
+    nets, targets = [random_net(seed=0), random_net(seed=2)], [random_net(seed=1), random_net(seed=3)]
+    batch = {"obs": torch.randn(7, 4), "actions": torch.rand(7, 3) * 2 - 1, "rewards": torch.randn(7),
+             "next_obs": torch.randn(7, 4), "terminated": torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])}
+    loss, td, q_logged = naf.naf_loss(nets, targets, batch, 0.99, penalty=0.01)
+    loss.backward()
+    with torch.no_grad():
+        V1, V2 = (t(batch["next_obs"])[0] for t in targets)
+        assert torch.any(V1 < V2) and torch.any(V2 < V1)  # the minimum picks from both
+        y = torch.stack([batch["rewards"][i] + (0.0 if batch["terminated"][i] else 0.99 * min(V1[i], V2[i])) for i in range(7)])
+    own = []
+    for net in nets:
+        copy = random_net(seed=0)
+        copy.load_state_dict(net.state_dict())
+        V, mu, L, pre_tanh = copy(batch["obs"])
+        q = naf.q_value(V, mu, L, batch["actions"])
+        term = ((q - y) ** 2).mean() + 0.01 * pre_tanh.square().mean()
+        term.backward()
+        for p, p_copy in zip(net.parameters(), copy.parameters()):
+            torch.testing.assert_close(p.grad, p_copy.grad)
+        own.append((term.item(), ((q - y) ** 2).mean().item(), q.detach()))
+    assert loss.item() == pytest.approx(own[0][0] + own[1][0], rel=1e-6)
+    assert td.item() == pytest.approx(own[0][1], rel=1e-6)
+    torch.testing.assert_close(q_logged, own[0][2])
+    single = naf.naf_loss(nets[:1], targets[:1], batch, 0.99, penalty=0.01)[0]  # one network: y from its own target
+    assert single.item() != pytest.approx(own[0][0], rel=1e-3)
 
 
 def test_soft_update_and_scale_action_and_noise():
@@ -214,12 +250,12 @@ def test_update_clips_the_gradient_norm_or_not():
     batch = {"obs": torch.randn(8, 4), "actions": torch.rand(8, 3) * 2 - 1, "rewards": 100 * torch.randn(8),
              "next_obs": torch.randn(8, 4), "terminated": torch.zeros(8)}
     reference = random_net(seed=0)
-    naf.naf_loss(reference, random_net(seed=1), batch, 0.99)[0].backward()
+    naf.naf_loss([reference], [random_net(seed=1)], batch, 0.99)[0].backward()
     raw = torch.cat([p.grad.flatten() for p in reference.parameters()])
     assert raw.norm() > 1.0
     for max_norm, expected in ((1e-3, raw * 1e-3 / raw.norm()), (0.0, raw)):
         net = random_net(seed=0)
-        naf.update(net, random_net(seed=1), torch.optim.SGD(net.parameters(), lr=0.0), batch, 0.99, 0.005, max_norm)
+        naf.update(one(net), one(random_net(seed=1)), torch.optim.SGD(net.parameters(), lr=0.0), batch, 0.99, 0.005, max_norm)
         torch.testing.assert_close(torch.cat([p.grad.flatten() for p in net.parameters()]), expected, rtol=1e-4, atol=1e-9)
 
 
@@ -519,7 +555,8 @@ def test_bad_checkpoints(tiny_run, tmp_path):
     cases = [({"env_id": "InvertedPendulum-v5"}, "is for Pendulum-v1"), ({"num_envs": 2, "hidden_dim": 64}, "--hidden-dim 32"),
              ({"hidden_dim": 32}, "--num-envs 2"), ({"hidden_dim": 32, "num_envs": 2, "buffer_size": 500}, "--buffer-size 1000000"),
              ({"hidden_dim": 32, "num_envs": 2, "total_steps": 599}, "--total-steps 599 is below the checkpoint's step 600"),
-             ({"hidden_dim": 32, "num_envs": 2, "normalize_obs": True}, "was made with --no-normalize-obs, not True; pass --no-normalize-obs")]
+             ({"hidden_dim": 32, "num_envs": 2, "normalize_obs": True}, "was made with --no-normalize-obs, not True; pass --no-normalize-obs"),
+             ({"hidden_dim": 32, "num_envs": 2, "twin_q": True}, "was made with --no-twin-q, not True; pass --no-twin-q")]
     for flags, fragment in cases:  # refused before anything is written
         with pytest.raises(SystemExit, match=fragment):
             naf.train(naf.Args(resume=good, run_dir=str(tmp_path / "r"), **flags))
@@ -633,24 +670,34 @@ class ConstantObsBandit(gym.Env):
 gym.register("ConstantObsBandit-v0", entry_point=ConstantObsBandit, max_episode_steps=1000)
 
 
-@pytest.mark.parametrize("noise, normalize_obs", [("ou", False), ("gaussian", False), ("ou", True)])
-def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise, normalize_obs):
+@pytest.mark.parametrize("noise, normalize_obs, twin_q", [("ou", False, False), ("gaussian", False, False), ("ou", True, False),
+                                                          ("gaussian", True, True)])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise, normalize_obs, twin_q):
     """Train 200 steps, resume to 400; train 400 straight: the same weights, target network,
     optimizer moments, buffer and TD losses after the resume (network, optimizer, buffer, OU state
-    and both generators restored)."""
+    and both generators restored). With --twin-q the twin and its target are restored too, and
+    with --normalize-obs every network holds the one set of moments."""
     common = dict(env_id="ConstantObsBandit-v0", learning_starts=50, batch_size=16, hidden_dim=16, eval_episodes=1,
-                  eval_interval=0, checkpoint_interval=0, noise=noise, normalize_obs=normalize_obs)
+                  eval_interval=0, checkpoint_interval=0, noise=noise, normalize_obs=normalize_obs, twin_q=twin_q)
     naf.train(naf.Args(total_steps=200, run_dir=str(tmp_path / "split"), **common))
     naf.train(naf.Args(total_steps=400, resume=str(tmp_path / "split" / "checkpoints" / "latest.pt"), **common))
     naf.train(naf.Args(total_steps=400, run_dir=str(tmp_path / "straight"), **common))
     split, straight = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True) for n in ("split", "straight"))
-    for part in ("net", "target_net"):
+    parts = ("net", "target_net", "twin_net", "twin_target_net") if twin_q else ("net", "target_net")
+    assert [key for key in straight if key.endswith("net")] == list(parts)
+    for part in parts:
         for key in straight[part]:
             torch.testing.assert_close(split[part][key], straight[part][key], rtol=0, atol=0)
     torch.testing.assert_close(split["optimizer"]["state"], straight["optimizer"]["state"], rtol=0, atol=0)
     torch.testing.assert_close(split["replay_buffer"]["actions"], straight["replay_buffer"]["actions"], rtol=0, atol=0)
     losses = [scalars(tmp_path / n, "losses/td_loss") for n in ("split", "straight")]
     assert [p for p in losses[0] if p[0] > 200] == [p for p in losses[1] if p[0] > 200] != []
+    if twin_q:  # two networks, initialised apart, trained apart, reading one set of moments
+        assert not torch.equal(straight["net"]["v_head.weight"], straight["twin_net"]["v_head.weight"])
+        for part in parts[1:]:
+            torch.testing.assert_close(straight[part]["obs_moments"], straight["net"]["obs_moments"], rtol=0, atol=0)
+        naf.train(naf.Args(eval_only=True, checkpoint=str(tmp_path / "straight" / "checkpoints" / "latest.pt"), eval_episodes=1))
+        assert json.loads((tmp_path / "straight" / "eval.json").read_text())["eval_returns"] == summary(tmp_path / "straight")["eval_returns"]
 
 
 def test_ou_noise_restarts_with_each_episode(monkeypatch, tmp_path, restore_signals):
