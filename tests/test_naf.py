@@ -259,6 +259,23 @@ def test_update_clips_the_gradient_norm_or_not():
         torch.testing.assert_close(torch.cat([p.grad.flatten() for p in net.parameters()]), expected, rtol=1e-4, atol=1e-9)
 
 
+def test_update_clips_the_twins_gradient_norm_jointly():
+    """With --twin-q (deviation h) the clip rescales the gradient of both networks by one factor, set
+    by the norm over all their parameters together, as the HalfCheetah runs trained."""
+    batch = {"obs": torch.randn(8, 4), "actions": torch.rand(8, 3) * 2 - 1, "rewards": 100 * torch.randn(8),
+             "next_obs": torch.randn(8, 4), "terminated": torch.zeros(8)}
+    reference = [random_net(seed=0), random_net(seed=2)]
+    naf.naf_loss(reference, [random_net(seed=1), random_net(seed=3)], batch, 0.99)[0].backward()
+    raw = [torch.cat([p.grad.flatten() for p in net.parameters()]) for net in reference]
+    assert raw[0].norm() / raw[1].norm() > 1.1 or raw[1].norm() / raw[0].norm() > 1.1  # per-network clips would differ
+    nets = torch.nn.ModuleList([random_net(seed=0), random_net(seed=2)])
+    targets = torch.nn.ModuleList([random_net(seed=1), random_net(seed=3)])
+    naf.update(nets, targets, torch.optim.SGD(nets.parameters(), lr=0.0), batch, 0.99, 0.005, 1e-3)
+    joint = torch.cat(raw)
+    torch.testing.assert_close(torch.cat([p.grad.flatten() for p in nets.parameters()]), joint * 1e-3 / joint.norm(),
+                               rtol=1e-4, atol=1e-9)
+
+
 def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
     """The flags reach the loop: each step draws its noise at the scheduled sigma, each update's
     advantage gets --curvature-floor and each update's loss --pre-tanh-penalty, and the saved
