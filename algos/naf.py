@@ -148,7 +148,8 @@ h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`,
      9.3-10.8, two runs at a time).
    - Batch 128 (the default): HalfCheetah-v5 seed 1 ended at 3,993 against 4,071 without it; on
      Hopper-v5 4 seeds ended at 394, 219, 1,017 and 88 (IQM 307) against 686, 1,831, 118 and 721 on
-     the same seeds, so the zoo's `naf-hopper` keeps batch 128 and one network.
+     the same seeds. Twins at batch 256 on Hopper-v5 seeds 2 and 3: 110 and 500 (one network:
+     1,831 and 118). So the zoo's `naf-hopper` keeps batch 128 and one network.
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
 before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
 15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
