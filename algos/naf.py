@@ -134,9 +134,9 @@ h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`,
    of 256): two NAF networks, initialised apart, each fitted to the same target
    y = r + gamma (1 - terminated) min(V_1'(x'), V_2'(x')), and the loss is the sum of their two
    losses. This is TD3's clipped double Q (Fujimoto et al. 2018): V' is the target network's own
-   maximum over u, so one network's errors there only ever raise y; the smaller of two fitted apart
-   raises it less. The first network acts and is evaluated; the gradient norm is clipped over
-   both. Each update costs two networks' forward and backward passes. Measured (issue 13, 100k
+   maximum over u, and a maximum of noisy estimates is biased upwards, so the errors it passes into
+   y lean up; the smaller of two networks fitted apart leans less. The first network acts and is
+   evaluated; the gradient norm is clipped over both. Each update costs two networks' forward and backward passes. Measured (issue 13, 100k
    steps, the zoo's locomotion flags with g, 5 seeds unless a row says so):
    - HalfCheetah-v5 with batch 256: final evaluations 4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
      against 4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796) with one network at batch 128; the

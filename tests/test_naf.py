@@ -190,14 +190,15 @@ def test_twin_networks_bootstrap_from_the_smaller_v():
         y = torch.stack([batch["rewards"][i] + (0.0 if batch["terminated"][i] else 0.99 * min(V1[i], V2[i])) for i in range(7)])
     own = []
     for net in nets:
-        copy = random_net(seed=0)
-        copy.load_state_dict(net.state_dict())
-        V, mu, L, pre_tanh = copy(batch["obs"])
-        q = naf.q_value(V, mu, L, batch["actions"])
+        alone = random_net(seed=0)  # the same weights, trained on its own term only
+        alone.load_state_dict(net.state_dict())
+        V, mu, L, pre_tanh = alone(batch["obs"])
+        d = batch["actions"] - mu
+        q = V - 0.5 * (L.transpose(1, 2) @ d.unsqueeze(-1)).squeeze(-1).square().sum(-1)  # d^T L L^T d = |L^T d|^2
         term = ((q - y) ** 2).mean() + 0.01 * pre_tanh.square().mean()
         term.backward()
-        for p, p_copy in zip(net.parameters(), copy.parameters()):
-            torch.testing.assert_close(p.grad, p_copy.grad)
+        for p, p_alone in zip(net.parameters(), alone.parameters()):
+            torch.testing.assert_close(p.grad, p_alone.grad)
         own.append((term.item(), ((q - y) ** 2).mean().item(), q.detach()))
     assert loss.item() == pytest.approx(own[0][0] + own[1][0], rel=1e-6)
     assert td.item() == pytest.approx(own[0][1], rel=1e-6)
