@@ -362,12 +362,18 @@ class NAFNetwork(nn.Module):
         x = torch.as_tensor(obs, dtype=torch.float64, device=self.obs_moments.device)
         self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), x.square().sum(0)])
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|]."""
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
             mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0].clamp(min=1.0)  # no NaN before the first step
             x = ((x - mean) / ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()).clamp(-10.0, 10.0).float()
-        h = self.trunk(x)
+        return self.trunk(x)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:  # V(x) alone: all the target needs
+        return self.v_head(self.features(x)).squeeze(-1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|]."""
+        h = self.features(x)
         L = h.new_zeros(x.shape[0], self.act_dim, self.act_dim)
         L[:, self.tril[0], self.tril[1]] = self.l_head(h)
         # exp on the diagonal makes P = L L^T positive definite (paper, Section 4).
@@ -398,7 +404,7 @@ def naf_loss(nets: Sequence[NAFNetwork], target_nets: Sequence[NAFNetwork], batc
     """Returns (loss, TD, Q(x, u)), TD and Q of the first network: TD = mean (y - Q(x, u))^2, loss = the sum over the
     networks of TD + penalty * mean((mu before tanh)^2) (deviation g); y bootstraps from the smallest V'(x') (deviation h)."""
     with torch.no_grad():
-        V_next = torch.stack([target_net(batch["next_obs"])[0] for target_net in target_nets]).amin(0)
+        V_next = torch.stack([target_net.value(batch["next_obs"]) for target_net in target_nets]).amin(0)
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
     terms = []
     for net in nets:
@@ -411,8 +417,7 @@ def naf_loss(nets: Sequence[NAFNetwork], target_nets: Sequence[NAFNetwork], batc
 
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    for tp, sp in zip(target.parameters(), source.parameters()):
-        tp.lerp_(sp, tau)
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)  # one call for all tensors
 
 
 def exploration_noise(kind: str, state: np.ndarray, scale: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -524,7 +529,7 @@ def train(args: Args) -> None:
     target_nets, net = copy.deepcopy(nets), nets[0]  # net acts and is evaluated
     for other in (*nets[1:], *target_nets):
         other.obs_moments = net.obs_moments  # one set of statistics for x and x' and every network (deviation e)
-    optimizer = torch.optim.Adam(nets.parameters(), lr=args.learning_rate)
+    optimizer = torch.optim.Adam(nets.parameters(), lr=args.learning_rate, fused=True)  # one kernel, not a loop of ops per tensor
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     ou_state, num_updates = np.zeros((args.num_envs, act_dim)), 0
     if ckpt:
