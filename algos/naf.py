@@ -107,8 +107,9 @@ f. A curvature floor, off by default (`--curvature-floor`): P = L L^T + floor I.
    tried) keeps every direction curved, but showed no gain (5 seeds, below): final mean 3,051
    against 3,074 (IQM 3,355 against 3,036, inside the seeds' spread), and an IQM behind at every 10k
    evaluation from 30k to 90k (1,484 against 1,887 at 50k). mu_1 stayed saturated (|mu_1| > 0.99,
-   where tanh' < 0.02, on 85% of seed 1's states). The flag is there to ablate the
-   parameterisation; it is not a setting that won.
+   where tanh' < 0.02, on 85% of seed 1's states). With g and the HalfCheetah preset's twins (h),
+   seeds 1 and 2 ended at 5,072 and 3,791 against 4,607 and 4,330 without the floor: two seeds, no
+   clearer. The flag is there to ablate the parameterisation; it is not a setting that won.
 g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the paper's loss; rlkit's
    SAC trainers have it as `policy_pre_activation_weight`, summed over components there): the loss
    adds penalty * the mean over batch and components of (mu before tanh)^2. The TD loss reaches mu
@@ -130,14 +131,15 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
      >= 950 on 5 of 5 seeds either way, and 3 evaluations fell below 950 after first reaching it
      either way (every 2,500 steps).
    It does not revive P_11 (deviation f: median 0.000-0.021 at 100k on HalfCheetah with it).
-h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`, with TD3's batch
-   of 256): two NAF networks, initialised apart, each fitted to the same target
+h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`, with TD3's batch of
+   256): two NAF networks, initialised apart, each fitted to the same target
    y = r + gamma (1 - terminated) min(V_1'(x'), V_2'(x')), and the loss is the sum of their two
    losses. This is TD3's clipped double Q (Fujimoto et al. 2018): V' is the target network's own
-   maximum over u, and a maximum of noisy estimates is biased upwards, so the errors it passes into
-   y lean up; the smaller of two networks fitted apart leans less. The first network acts and is
-   evaluated; the gradient norm is clipped over both. Each update costs two networks' forward and backward passes. Measured (issue 13, 100k
-   steps, the zoo's locomotion flags with g, 5 seeds unless a row says so):
+   maximum over u, and a maximum of noisy estimates is biased upwards, so the errors it passes into y
+   lean up; the smaller of two networks fitted apart leans less. The first network acts and is
+   evaluated; the gradient norm is clipped over both. Each update costs two networks' forward and
+   backward passes. Measured (issue 13, 100k steps, the zoo's locomotion flags with g, 5 seeds unless
+   a row says so):
    - HalfCheetah-v5 with batch 256: final evaluations 4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
      against 4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796) with one network at batch 128; the
      worst seed 3,867 against 2,365, and every seed ended at >= 96% of its best. Steadier more
@@ -174,19 +176,24 @@ task and budget (5 seeds):
   d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
   RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
 Upright, NAF still climbs more slowly than TD3 (IQM at 50k: 1,887 without g, 2,981 with it, 2,843
-with h, TD3 3,554). The upside-down plateau is not a collapse or an overestimate: the 400-unit row's
-seeds end at >= 98% of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136)
-is within 6% of the training episodes' mean reward per step held forever (return / 1000 / (1 -
-gamma): 111-133). The two runs with batch 256 that failed did diverge: at 100k steps the median V(x)
-was 13,600 and 40,800 (the preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken
-off from about 50k and 35k steps, and mu was saturated on 98-100% of states: by all appearances the
-target's maximum, V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are
-half of Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds
-(deviation c). Why the longer random start changes the order was not measured: Gaussian 0.1 after
-the default 1k random steps still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's
-flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721
-with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690
-(IQM 875). One Walker2d-v5 seed (defaults before g) ended at 29. For locomotion, prefer d4pg.py.
+with h, TD3 3,554). Separate networks do not close the gap: with V, mu and L each read from its own
+MLP, as railrl's QuadraticNAF does (a screening copy, one network, seeds 1-4), NAF climbed more
+slowly still (IQM at 50k 1,597; the shared trunk on those seeds 3,120) and ended at 3,150, 4,634,
+2,228 and 3,064 (shared trunk: 4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update.
+The upside-down plateau is not a collapse or an overestimate: the 400-unit row's seeds end at >= 98%
+of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the
+training episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two
+runs with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800
+(the preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken off from about 50k and
+35k steps, and mu was saturated on 98-100% of states: by all appearances the target's maximum,
+V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are half of
+Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c).
+Why the longer random start changes the order was not measured: Gaussian 0.1 after the default 1k
+random steps still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at
+1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721 with it (the
+zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875).
+Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM 635, and 3 seeds ended below half their best.
+One Walker2d-v5 seed (defaults before g) ended at 29. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
