@@ -370,7 +370,7 @@ class NAFNetwork(nn.Module):
         x = torch.as_tensor(obs, dtype=torch.float64, device=self.obs_moments.device)
         self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), x.square().sum(0)])
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:  # the trunk's output, shared by the three heads
         if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
             mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0].clamp(min=1.0)  # no NaN before the first step
             x = ((x - mean) / ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()).clamp(-10.0, 10.0).float()

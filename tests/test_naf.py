@@ -305,7 +305,8 @@ def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_
 def test_normalize_obs_against_numpy():
     """--normalize-obs (deviation e): after batches of 1, 4, 7 and 20 observations the trunk reads
     clip((x - mean) / sqrt(var + 1e-8), -10, 10) with numpy's mean and variance over all of them;
-    without it the trunk reads x unchanged, and the moments stay out of the state dict."""
+    without it the trunk reads x unchanged, and the moments stay out of the state dict. The target's
+    V-only path (`value`) reads the same input and gives the full forward's V."""
     rng = np.random.default_rng(0)
     batches = [rng.normal([5.0, -2.0, 0.0], [1.0, 3.0, 0.01], (n, 3)) for n in (1, 4, 7, 20)]
     seen = np.concatenate(batches)
@@ -318,9 +319,14 @@ def test_normalize_obs_against_numpy():
         net.trunk.register_forward_pre_hook(lambda module, args: trunk_inputs.append(args[0]))
         for b in batches:
             net.observe(b)
-        net(torch.as_tensor(x))
-        np.testing.assert_allclose(trunk_inputs[0].numpy(), expected, rtol=1e-5, atol=1e-6)
-        assert ("obs_moments" in net.state_dict()) is normalize
+        V = net(torch.as_tensor(x))[0]
+        V_target_path = net.value(torch.as_tensor(x))  # the target's V-only path reads the same input
+        for trunk_input in trunk_inputs:
+            np.testing.assert_allclose(trunk_input.numpy(), expected, rtol=1e-5, atol=1e-6)
+        by_hand = net.v_head(net.trunk(torch.as_tensor(expected, dtype=torch.float32))).squeeze(-1)
+        torch.testing.assert_close(V_target_path, by_hand, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(V_target_path, V, rtol=0.0, atol=0.0)
+        assert len(trunk_inputs) == 3 and ("obs_moments" in net.state_dict()) is normalize
 
 
 def test_normalize_obs_counts_every_observation_once(tmp_path, restore_signals):
