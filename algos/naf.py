@@ -182,23 +182,24 @@ slowly still (IQM at 50k 1,597; the shared trunk on those seeds 3,120) and ended
 2,228 and 3,064 (shared trunk: 4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update; on
 Hopper-v5 at 970, 217, 262 and 789 (shared trunk: 686, 1,831, 118, 988). Nor, on HalfCheetah, does a
 LayerNorm after each trunk layer (a screening copy, 5 seeds: 3,535, 3,166, 4,929, 4,101, 2,548, IQM
-3,601; seed 5 reached 6,039 at 90k and then fell), nor Gaussian noise 0.2 (seeds 1 and 3: 3,954 and
-3,328 against 4,071 and 4,333). The upside-down plateau is not a collapse or an overestimate: the
-400-unit row's seeds end at >= 98% of their best, and its batch mean of Q(x, u) over the last 10k
-steps (117-136) is within 6% of the training episodes' mean reward per step held forever (return /
-1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed did diverge: at 100k steps the
-median V(x) was 13,600 and 40,800 (the preset's seeds without g: 260-400), the batch mean of Q(x, u)
-had taken off from about 50k and 35k steps, and mu was saturated on 98-100% of states: by all
-appearances the target's maximum, V'(x'), fed on itself. TD3's start is not the default: its 10k
-random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed
-Pendulum seeds (deviation c). Why the longer random start changes the order was not measured:
-Gaussian 0.1 after the default 1k random steps still ran upside down. On Hopper-v5 (100k steps, 5
-seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686,
-1,831, 118, 988 and 721 with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355,
-422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM 635, and 3
-seeds ended below half their best. Walker2d-v5 at 100k steps is too short to compare on: RL Zoo's
-TD3 ended at 237 and 462 (seeds 1 and 2; its untrained actor scored 314), and NAF's seed 1 at 73
-(best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s. Swimmer-v5
+3,601; seed 5 reached 6,039 at 90k and then fell; with the preset's twins, seeds 2 and 5 ended at
+4,954 and 5,052 against the preset's 4,330 and 4,345, a lead of two seeds), nor Gaussian noise 0.2
+(seeds 1 and 3: 3,954 and 3,328 against 4,071 and 4,333). The upside-down plateau is not a collapse
+or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of Q(x,
+u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per step
+held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed did
+diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without g:
+260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps, and mu was saturated
+on 98-100% of states: by all appearances the target's maximum, V'(x'), fed on itself. TD3's start is
+not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1 from
+the start collapsed Pendulum seeds (deviation c). Why the longer random start changes the order was
+not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. On Hopper-v5
+(100k steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333),
+and at 686, 1,831, 118, 988 and 721 with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3
+at 2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM
+635, and 3 seeds ended below half their best. Walker2d-v5 at 100k steps is too short to compare on:
+RL Zoo's TD3 ended at 237 and 462 (seeds 1 and 2; its untrained actor scored 314), and NAF's seed 1
+at 73 (best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s. Swimmer-v5
 (`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods there at gamma 0.99,
 and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer d4pg.py.
 
