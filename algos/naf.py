@@ -185,10 +185,10 @@ LayerNorm after each trunk layer (a screening copy, 5 seeds: 3,535, 3,166, 4,929
 3,601; seed 5 reached 6,039 at 90k and then fell; with the preset's twins, seeds 2 and 5 ended at
 4,954 and 5,052 against the preset's 4,330 and 4,345, a lead of two seeds), nor Gaussian noise 0.2
 (seeds 1 and 3: 3,954 and 3,328 against 4,071 and 4,333). The upside-down plateau is not a collapse
-or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of Q(x,
-u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per step
-held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed did
-diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without g:
+or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of
+Q(x, u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per
+step held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed
+did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without g:
 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps, and mu was saturated
 on 98-100% of states: by all appearances the target's maximum, V'(x'), fed on itself. TD3's start is
 not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1 from
