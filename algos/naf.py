@@ -21,7 +21,8 @@ Equations (paper, Section 4):
             (this file adds deviation g's penalty on mu before tanh to the loss)
 
 Implementation details:
-1. One MLP trunk (two ReLU layers of `hidden_dim`) with three linear heads: V (1 value),
+1. One MLP trunk (two ReLU layers of `hidden_dim`; deviation i puts a LayerNorm before each ReLU)
+   with three linear heads: V (1 value),
    mu (|A| values through tanh, so mu lies in [-1, 1]^|A|) and the |A|(|A|+1)/2 entries of L.
 2. The network acts in [-1, 1]^|A|; `scale_action` is the one place that maps to the
    environment's bounds. Exploration noise is added in [-1, 1] space and clipped there.
@@ -53,7 +54,7 @@ Implementation details:
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
 checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
 option, on HalfCheetah-v5; g on those three tasks and Hopper-v5; a-f were measured without g;
-h, an option, came last, on HalfCheetah-v5 and Hopper-v5 with g):
+h and i, options, came last, on HalfCheetah-v5 and Hopper-v5 with g):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -152,6 +153,20 @@ h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`,
      Hopper-v5 4 seeds ended at 394, 219, 1,017 and 88 (IQM 307) against 686, 1,831, 118 and 721 on
      the same seeds. Twins at batch 256 on Hopper-v5 seeds 2 and 3: 110 and 500 (one network:
      1,831 and 118). So the zoo's `naf-hopper` keeps batch 128 and one network.
+i. A LayerNorm after each hidden linear layer, before its ReLU, off by default (`--layer-norm`):
+   each layer's pre-activations are standardised per sample over the layer's units, then scaled
+   and shifted by learned gains (Ba et al. 2016), so acting and evaluation stay independent of the
+   batch (b's reason against batch norm). RLPD (Ball et al. 2023) puts it in its critics to keep
+   values from extrapolating far past the data; why it helps NAF here was not measured. Measured
+   (issue 13, 100k steps, the zoo's locomotion flags with g):
+   - HalfCheetah-v5 with the preset's twins at batch 256 (h; seeds 1, 2, 3 and 5): 4,590, 4,954,
+     5,175 and 5,052 against 4,607, 4,330, 3,867 and 4,345; every seed ended at >= 85% of its
+     best. A run's wall time was about the same (1,262 and 1,315 s against 1,069-1,320 s).
+   - HalfCheetah-v5 with one network at batch 128 (5 seeds): 3,535, 3,166, 4,929, 4,101 and 2,548
+     (IQM 3,601) against 4,071, 2,365, 4,333, 2,983 and 4,504 (IQM 3,796); seed 5 reached 6,039 at
+     90k, then fell to 2,548.
+   - Hopper-v5 with `naf-hopper`'s flags (one network, seeds 1 and 3): 1,022 and 398 against 686
+     and 118; seed 3 ended below half its best (1,115).
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
 before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
 15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
@@ -310,6 +325,8 @@ class Args:
     """learn two networks and bootstrap from the smaller V'(x'), as TD3's clipped double Q (deviation h); the first one acts"""
     normalize_obs: bool = False
     """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""
+    layer_norm: bool = False
+    """a LayerNorm after each hidden linear layer, before its ReLU (deviation i)"""
 
 
 # ---------------------------------------------------------------- environment
@@ -359,10 +376,12 @@ def scale_action(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray
 class NAFNetwork(nn.Module):
     """Trunk with heads V(x), mu(x) and the entries of L(x) (detail 1)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int, head_init_scale: float = 1.0, normalize_obs: bool = False):
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int, head_init_scale: float = 1.0, normalize_obs: bool = False, layer_norm: bool = False):
         super().__init__()
         self.act_dim, self.normalize_obs = act_dim, normalize_obs
-        self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, hidden_dim), nn.ReLU())
+        def layer(n_in: int) -> list[nn.Module]:  # Linear, [LayerNorm (deviation i)], ReLU: without it the keys stay trunk.0 and trunk.2
+            return [nn.Linear(n_in, hidden_dim), *([nn.LayerNorm(hidden_dim)] if layer_norm else []), nn.ReLU()]
+        self.trunk = nn.Sequential(*layer(obs_dim), *layer(hidden_dim))
         self.v_head = nn.Linear(hidden_dim, 1)
         self.mu_head = nn.Linear(hidden_dim, act_dim)
         self.l_head = nn.Linear(hidden_dim, act_dim * (act_dim + 1) // 2)
@@ -458,11 +477,8 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int):
         self.capacity, self.ptr, self.size = capacity, 0, 0
-        self.obs = np.zeros((capacity, obs_dim), np.float32)
-        self.actions = np.zeros((capacity, act_dim), np.float32)
-        self.rewards = np.zeros(capacity, np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
-        self.terminated = np.zeros(capacity, np.float32)
+        self.obs, self.next_obs, self.actions = (np.zeros((capacity, n), np.float32) for n in (obs_dim, obs_dim, act_dim))
+        self.rewards, self.terminated = np.zeros(capacity, np.float32), np.zeros(capacity, np.float32)
 
     def add(self, obs, actions, rewards, next_obs, terminated) -> None:
         idx = (self.ptr + np.arange(len(rewards))) % self.capacity
@@ -536,11 +552,11 @@ def train(args: Args) -> None:
     device = pick_device(args.device)
     seed_everything(args.seed, args.torch_deterministic)
     rng = np.random.default_rng(args.seed)  # replay sampling, exploration noise, random actions
-    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size", "normalize_obs", "twin_q")) if args.resume else None
+    ckpt = resume_checkpoint(args, same=("hidden_dim", "num_envs", "buffer_size", "normalize_obs", "twin_q", "layer_norm")) if args.resume else None
     global_step = ckpt["global_step"] if ckpt else 0
     envs, obs = make_vector_env(args.env_id, args.num_envs, args.seed + global_step)
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
-    nets = nn.ModuleList(NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale, args.normalize_obs) for _ in range(1 + args.twin_q)).to(device)
+    nets = nn.ModuleList(NAFNetwork(obs_dim, act_dim, args.hidden_dim, args.head_init_scale, args.normalize_obs, args.layer_norm) for _ in range(1 + args.twin_q)).to(device)
     target_nets, net = copy.deepcopy(nets), nets[0]  # net acts and is evaluated
     for other in (*nets[1:], *target_nets):
         other.obs_moments = net.obs_moments  # one set of statistics for x and x' and every network (deviation e)
@@ -628,7 +644,8 @@ def eval_only(args: Args) -> None:
     """Evaluate --checkpoint with its own env, network and seed: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
     with make_env(ckpt["env_id"]) as env:  # its spaces size the network
-        net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"], normalize_obs=ckpt["args"].get("normalize_obs", False)).to(device)
+        net = NAFNetwork(int(np.prod(env.observation_space.shape)), env.action_space.shape[0], ckpt["args"]["hidden_dim"], normalize_obs=ckpt["args"].get("normalize_obs", False),
+                         layer_norm=ckpt["args"].get("layer_norm", False)).to(device)
     net.load_state_dict(ckpt["net"])
     run_dir = run_dir_for(args, args.checkpoint)
     video_dir = run_dir / "videos" if args.capture_video else None

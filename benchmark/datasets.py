@@ -91,7 +91,8 @@ def d4pg_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
 def naf_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
     # --normalize-obs: the network standardises its input with the moments in its state dict.
     args = ckpt["args"]
-    net = algo.NAFNetwork(obs_dim, act_dim, args["hidden_dim"], normalize_obs=args.get("normalize_obs", False))
+    net = algo.NAFNetwork(obs_dim, act_dim, args["hidden_dim"], normalize_obs=args.get("normalize_obs", False),
+                          layer_norm=args.get("layer_norm", False))
     net.load_state_dict(ckpt["net"])
     return lambda obs: net(obs)[1]  # mu(x), the argmax of NAF's quadratic Q: naf.py's evaluate()
 

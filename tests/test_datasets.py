@@ -189,17 +189,18 @@ def test_d4pg_checkpoint_dataset_replays_its_policy_and_trains_rlpd(d4pg_run, tm
     assert "checkpoint rlpd.py rlpd/checkpoints/latest.pt step=150 " in recipe_of(again)  # relative inside the cwd
 
 
-@pytest.mark.parametrize("normalize_obs", [False, True])
-def test_naf_checkpoint_dataset_acts_with_mu(tmp_path, normalize_obs):
+@pytest.mark.parametrize("normalize_obs, layer_norm", [(False, False), (True, False), (True, True)])
+def test_naf_checkpoint_dataset_acts_with_mu(tmp_path, normalize_obs, layer_norm):
     """A NAF network saved by naf.py's own harness: the dataset returns what naf.py's evaluate() returns,
-    also when the network standardises its input with the moments its checkpoint carries (--normalize-obs)."""
+    also when the network standardises its input with the moments its checkpoint carries (--normalize-obs)
+    and has a LayerNorm in each hidden layer (--layer-norm)."""
     naf = load_algo("naf")
     torch.manual_seed(0)
-    net = naf.NAFNetwork(3, 1, 16, normalize_obs=normalize_obs)
+    net = naf.NAFNetwork(3, 1, 16, normalize_obs=normalize_obs, layer_norm=layer_norm)
     net.observe(np.random.default_rng(0).normal([0.5, -0.5, 3.0], [0.1, 0.2, 2.0], size=(50, 3)))
     ckpt = tmp_path / "naf.pt"
-    naf.save_checkpoint(ckpt, naf.Args(env_id="Pendulum-v1", hidden_dim=16, seed=5, normalize_obs=normalize_obs), 7,
-                        {"net": net.state_dict()})
+    naf.save_checkpoint(ckpt, naf.Args(env_id="Pendulum-v1", hidden_dim=16, seed=5, normalize_obs=normalize_obs, layer_norm=layer_norm),
+                        7, {"net": net.state_dict()})
     folder = maker.make_dataset(maker.Args(env_id="Pendulum-v1", dataset_id="pend/naf-v0", episodes=2, seed=10_005,
                                            root=tmp_path, checkpoint=ckpt))
     assert returns_of(folder) == pytest.approx(naf.evaluate(net, "Pendulum-v1", 2, 5, "cpu"), rel=1e-4)

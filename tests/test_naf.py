@@ -329,6 +329,31 @@ def test_normalize_obs_against_numpy():
         assert len(trunk_inputs) == 3 and ("obs_moments" in net.state_dict()) is normalize
 
 
+def test_layer_norm_standardises_each_hidden_layer():
+    """--layer-norm (deviation i): each hidden layer is ReLU(gamma * (z - mean(z)) / sqrt(var(z) + 1e-5) + beta)
+    of its pre-activation z = W h + b, the statistics per sample over the layer's units, computed here
+    by hand from the linear weights; without the flag the trunk is the paper's, under the keys it always
+    had (trunk.0, trunk.2), so checkpoints without it keep their format."""
+    torch.manual_seed(0)
+    net = naf.NAFNetwork(5, 2, 16, layer_norm=True)
+    with torch.no_grad():  # gains and shifts away from their initial 1 and 0, so the test sees them
+        for norm in (net.trunk[1], net.trunk[4]):
+            norm.weight.uniform_(0.5, 2.0)
+            norm.bias.uniform_(-1.0, 1.0)
+    x = 3.0 * torch.randn(64, 5) + 2.0
+    h = x
+    for linear, norm in ((net.trunk[0], net.trunk[1]), (net.trunk[3], net.trunk[4])):
+        z = h @ linear.weight.T + linear.bias
+        z_hat = (z - z.mean(1, keepdim=True)) / (z.var(1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+        h = torch.relu(norm.weight * z_hat + norm.bias)
+    torch.testing.assert_close(net.features(x), h, rtol=1e-5, atol=1e-5)
+    ln_keys = {"trunk.1.weight", "trunk.1.bias", "trunk.4.weight", "trunk.4.bias"}
+    assert ln_keys <= net.state_dict().keys()
+    plain = naf.NAFNetwork(5, 2, 16).state_dict().keys()
+    assert {k for k in plain if k.startswith("trunk")} == {"trunk.0.weight", "trunk.0.bias", "trunk.2.weight", "trunk.2.bias"}
+    assert net.state_dict().keys() - ln_keys == {k.replace("trunk.2", "trunk.3") for k in plain}
+
+
 def test_normalize_obs_counts_every_observation_once(tmp_path, restore_signals):
     """--normalize-obs: after 300 Pendulum steps the moments are those of the 300 observations the
     steps returned, rebuilt here from the replay buffer; the target network reads the same moments;
@@ -580,7 +605,8 @@ def test_bad_checkpoints(tiny_run, tmp_path):
              ({"hidden_dim": 32}, "--num-envs 2"), ({"hidden_dim": 32, "num_envs": 2, "buffer_size": 500}, "--buffer-size 1000000"),
              ({"hidden_dim": 32, "num_envs": 2, "total_steps": 599}, "--total-steps 599 is below the checkpoint's step 600"),
              ({"hidden_dim": 32, "num_envs": 2, "normalize_obs": True}, "was made with --no-normalize-obs, not True; pass --no-normalize-obs"),
-             ({"hidden_dim": 32, "num_envs": 2, "twin_q": True}, "was made with --no-twin-q, not True; pass --no-twin-q")]
+             ({"hidden_dim": 32, "num_envs": 2, "twin_q": True}, "was made with --no-twin-q, not True; pass --no-twin-q"),
+             ({"hidden_dim": 32, "num_envs": 2, "layer_norm": True}, "was made with --no-layer-norm, not True; pass --no-layer-norm")]
     for flags, fragment in cases:  # refused before anything is written
         with pytest.raises(SystemExit, match=fragment):
             naf.train(naf.Args(resume=good, run_dir=str(tmp_path / "r"), **flags))
@@ -694,15 +720,16 @@ class ConstantObsBandit(gym.Env):
 gym.register("ConstantObsBandit-v0", entry_point=ConstantObsBandit, max_episode_steps=1000)
 
 
-@pytest.mark.parametrize("noise, normalize_obs, twin_q", [("ou", False, False), ("gaussian", False, False), ("ou", True, False),
-                                                          ("gaussian", True, True)])
-def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise, normalize_obs, twin_q):
+@pytest.mark.parametrize("noise, normalize_obs, twin_q, layer_norm", [("ou", False, False, False), ("gaussian", False, False, False),
+                                                                      ("ou", True, False, False), ("gaussian", True, True, True)])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise, normalize_obs, twin_q, layer_norm):
     """Train 200 steps, resume to 400; train 400 straight: the same weights, target network,
     optimizer moments, buffer and TD losses after the resume (network, optimizer, buffer, OU state
-    and both generators restored). With --twin-q the twin and its target are restored too, and
-    with --normalize-obs every network holds the one set of moments."""
-    common = dict(env_id="ConstantObsBandit-v0", learning_starts=50, batch_size=16, hidden_dim=16, eval_episodes=1,
-                  eval_interval=0, checkpoint_interval=0, noise=noise, normalize_obs=normalize_obs, twin_q=twin_q)
+    and both generators restored). With --twin-q the twin and its target are restored too, with
+    --normalize-obs every network holds the one set of moments, and with --layer-norm the norms'
+    gains and shifts are trained, saved and restored."""
+    common = dict(env_id="ConstantObsBandit-v0", learning_starts=50, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0,
+                  checkpoint_interval=0, noise=noise, normalize_obs=normalize_obs, twin_q=twin_q, layer_norm=layer_norm)
     naf.train(naf.Args(total_steps=200, run_dir=str(tmp_path / "split"), **common))
     naf.train(naf.Args(total_steps=400, resume=str(tmp_path / "split" / "checkpoints" / "latest.pt"), **common))
     naf.train(naf.Args(total_steps=400, run_dir=str(tmp_path / "straight"), **common))
@@ -716,6 +743,9 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, restore_signals, noise, 
     torch.testing.assert_close(split["replay_buffer"]["actions"], straight["replay_buffer"]["actions"], rtol=0, atol=0)
     losses = [scalars(tmp_path / n, "losses/td_loss") for n in ("split", "straight")]
     assert [p for p in losses[0] if p[0] > 200] == [p for p in losses[1] if p[0] > 200] != []
+    assert ("trunk.1.weight" in straight["net"]) is layer_norm
+    if layer_norm:  # trained: the gain moved off its initial 1
+        assert not torch.equal(straight["net"]["trunk.1.weight"], torch.ones(16))
     if twin_q:  # two networks, initialised apart, trained apart, reading one set of moments
         assert not torch.equal(straight["net"]["v_head.weight"], straight["twin_net"]["v_head.weight"])
         for part in parts[1:]:

@@ -46,7 +46,8 @@ def greedy_policy(ckpt: dict, env: gym.Env) -> Policy:
     else:
         naf = load_algo("naf")
         obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-        net = naf.NAFNetwork(obs_dim, act_dim, args["hidden_dim"], normalize_obs=args.get("normalize_obs", False))
+        net = naf.NAFNetwork(obs_dim, act_dim, args["hidden_dim"], normalize_obs=args.get("normalize_obs", False),
+                             layer_norm=args.get("layer_norm", False))
         net.load_state_dict(ckpt["net"])
         head = lambda x: net(x)[1][0]
 

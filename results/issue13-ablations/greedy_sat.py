@@ -26,7 +26,7 @@ def naf_policy(path: str):
     ckpt, naf = torch.load(path, weights_only=True, map_location="cpu"), load_algo("naf")
     args, w = ckpt["args"], ckpt["net"]
     net = naf.NAFNetwork(w["trunk.0.weight"].shape[1], w["mu_head.weight"].shape[0], args["hidden_dim"],
-                         normalize_obs=args.get("normalize_obs", False))
+                         normalize_obs=args.get("normalize_obs", False), layer_norm=args.get("layer_norm", False))
     net.load_state_dict(w)
 
     def act(obs):

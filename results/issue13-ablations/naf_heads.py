@@ -39,7 +39,7 @@ def heads(path: str) -> str:
     newest = (rb["ptr"] - torch.arange(min(LAST, rb["size"]), 0, -1)) % rb["size"]
     obs, actions = rb["obs"][newest], rb["actions"][newest]
     net = naf.NAFNetwork(obs.shape[1], actions.shape[1], ckpt["args"]["hidden_dim"],
-                         normalize_obs=ckpt["args"].get("normalize_obs", False))
+                         normalize_obs=ckpt["args"].get("normalize_obs", False), layer_norm=ckpt["args"].get("layer_norm", False))
     net.load_state_dict(ckpt["net"])
     floor = ckpt["args"].get("curvature_floor", 0.0)
     with torch.inference_mode():
