@@ -153,15 +153,17 @@ h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`,
      Hopper-v5 4 seeds ended at 394, 219, 1,017 and 88 (IQM 307) against 686, 1,831, 118 and 721 on
      the same seeds. Twins at batch 256 on Hopper-v5 seeds 2 and 3: 110 and 500 (one network:
      1,831 and 118). So the zoo's `naf-hopper` keeps batch 128 and one network.
-i. A LayerNorm after each hidden linear layer, before its ReLU, off by default (`--layer-norm`):
-   each layer's pre-activations are standardised per sample over the layer's units, then scaled
-   and shifted by learned gains (Ba et al. 2016), so acting and evaluation stay independent of the
-   batch (b's reason against batch norm). RLPD (Ball et al. 2023) puts it in its critics to keep
+i. A LayerNorm after each hidden linear layer, before its ReLU, off by default (`--layer-norm`; on
+   in the zoo's `naf-halfcheetah`): each layer's pre-activations are standardised per sample over
+   the layer's units, then scaled and shifted by learned gains (Ba et al. 2016), so acting and
+   evaluation stay independent of the batch (b's reason against batch norm). RLPD (Ball et al. 2023) puts it in its critics to keep
    values from extrapolating far past the data; why it helps NAF here was not measured. Measured
    (issue 13, 100k steps, the zoo's locomotion flags with g):
-   - HalfCheetah-v5 with the preset's twins at batch 256 (h; seeds 1, 2, 3 and 5): 4,590, 4,954,
-     5,175 and 5,052 against 4,607, 4,330, 3,867 and 4,345; every seed ended at >= 85% of its
-     best. A run's wall time was about the same (1,262 and 1,315 s against 1,069-1,320 s).
+   - HalfCheetah-v5 with the preset's twins at batch 256 (h; 5 seeds): 4,590, 4,954, 5,175, 3,247
+     and 5,052 (IQM 4,865) against 4,607, 4,330, 3,867, 4,224 and 4,345 (IQM 4,300); every seed
+     ended at >= 72% of its best (seed 4: 3,247 after 4,482). Ahead on 3 seeds, level on one,
+     behind on one; the IQM curve was ahead at every 10k evaluation from 20k on (3,567 at 50k
+     against 2,843; TD3 3,554). A run took 1,262-1,522 s against 1,069-1,320 s (two at a time).
    - HalfCheetah-v5 with one network at batch 128 (5 seeds): 3,535, 3,166, 4,929, 4,101 and 2,548
      (IQM 3,601) against 4,071, 2,365, 4,333, 2,983 and 4,504 (IQM 3,796); seed 5 reached 6,039 at
      90k, then fell to 2,548.
@@ -182,36 +184,36 @@ task and budget (5 seeds):
   naf.py (defaults, with g):                                1,528, 1,096, 1,138, 590, 2,562 (IQM 1,254; seed 5 upright)
   naf.py without g (the defaults before it):                885, 1,007, 948, 1,183, 1,620 (IQM 1,046)
   without g, --hidden-dim 400 --normalize-obs:              1,202, 1,408, 1,372, 1,391, 1,357 (IQM 1,374)
-  the zoo's preset (TD3's start, --normalize-obs,
-    --twin-q --batch-size 256; deviation h):                4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
+  the zoo's preset (TD3's start, --normalize-obs, --twin-q
+    --batch-size 256 --layer-norm; deviations h and i):     4,590, 4,954, 5,175, 3,247, 5,052 (IQM 4,865)
+  the preset without --layer-norm:                          4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
   --normalize-obs, TD3's start (the preset before h):       4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796)
     the same without g:                                     2,354, 2,241, 4,018, 3,344, 3,411 (IQM 3,036)
     without g, --curvature-floor 0.01 (deviation f):        3,480, 3,368, 3,217, 1,570, 3,621 (IQM 3,355)
     without g, --batch-size 256 (TD3's batch; 3 seeds):     4,022, -494, -596 (two diverged)
   d4pg.py:                                                  6,994, 6,714, 6,649, 6,226, 5,639 (`--sigma 0.1 --n-step 1`, IQM 6,530)
   RL Zoo's TD3:                                             5,787, 5,940, 4,753, 3,804, 5,886 (IQM 5,476)
-Upright, NAF still climbs more slowly than TD3 (IQM at 50k: 1,887 without g, 2,981 with it, 2,843
-with h, TD3 3,554). Separate networks do not close the gap: with V, mu and L each read from its own
-MLP, as railrl's QuadraticNAF does (a screening copy, one network, seeds 1-4), NAF climbed more
-slowly still (IQM at 50k 1,597; the shared trunk on those seeds 3,120) and ended at 3,150, 4,634,
-2,228 and 3,064 (shared trunk: 4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update; on
-Hopper-v5 at 970, 217, 262 and 789 (shared trunk: 686, 1,831, 118, 988). Nor, on HalfCheetah, does a
-LayerNorm after each trunk layer (a screening copy, 5 seeds: 3,535, 3,166, 4,929, 4,101, 2,548, IQM
-3,601; seed 5 reached 6,039 at 90k and then fell; with the preset's twins, seeds 2 and 5 ended at
-4,954 and 5,052 against the preset's 4,330 and 4,345, a lead of two seeds), nor Gaussian noise 0.2
-(seeds 1 and 3: 3,954 and 3,328 against 4,071 and 4,333). The upside-down plateau is not a collapse
-or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of
-Q(x, u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per
-step held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed
-did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without g:
-260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps, and mu was saturated
-on 98-100% of states: by all appearances the target's maximum, V'(x'), fed on itself. TD3's start is
-not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1 from
-the start collapsed Pendulum seeds (deviation c). Why the longer random start changes the order was
-not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. On Hopper-v5
-(100k steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333),
-and at 686, 1,831, 118, 988 and 721 with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3
-at 2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM
+Upright, NAF climbed more slowly than TD3 until i (IQM at 50k: 1,887 without g, 2,981 with it, 2,843
+with h, 3,567 with i, TD3 3,554). With i the IQM was at or above TD3's at every 10k evaluation from
+20k to 90k but 80k (4,241 against 4,336), and 89% of it at 100k (4,865 against 5,476). Separate
+networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
+does (a screening copy, one network, seeds 1-4), NAF climbed more slowly still (IQM at 50k 1,597;
+the shared trunk on those seeds 3,120) and ended at 3,150, 4,634, 2,228 and 3,064 (shared trunk:
+4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update; on Hopper-v5 at 970, 217, 262 and
+789 (shared trunk: 686, 1,831, 118, 988). Nor, on HalfCheetah, does Gaussian noise 0.2 (seeds 1 and
+3: 3,954 and 3,328 against 4,071 and 4,333). The upside-down plateau is not a collapse or an
+overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of Q(x, u)
+over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per step held
+forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed did diverge:
+at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without g: 260-400), the
+batch mean of Q(x, u) had taken off from about 50k and 35k steps, and mu was saturated on 98-100% of
+states: by all appearances the target's maximum, V'(x'), fed on itself. TD3's start is not the
+default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1 from the
+start collapsed Pendulum seeds (deviation c). Why the longer random start changes the order was not
+measured: Gaussian 0.1 after the default 1k random steps still ran upside down. On Hopper-v5 (100k
+steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333), and at
+686, 1,831, 118, 988 and 721 with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at
+2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM
 635, and 3 seeds ended below half their best. Walker2d-v5 at 100k steps is too short to compare on:
 RL Zoo's TD3 ended at 237 and 462 (seeds 1 and 2; its untrained actor scored 314), and NAF's seed 1
 at 73 (best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s. Swimmer-v5
