@@ -22,8 +22,8 @@ Equations (paper, Section 4):
 
 Implementation details:
 1. One MLP trunk (two ReLU layers of `hidden_dim`; deviation i puts a LayerNorm before each ReLU)
-   with three linear heads: V (1 value),
-   mu (|A| values through tanh, so mu lies in [-1, 1]^|A|) and the |A|(|A|+1)/2 entries of L.
+   with three linear heads: V (1 value), mu (|A| values through tanh, so mu lies in [-1, 1]^|A|)
+   and the |A|(|A|+1)/2 entries of L.
 2. The network acts in [-1, 1]^|A|; `scale_action` is the one place that maps to the
    environment's bounds. Exploration noise is added in [-1, 1] space and clipped there.
 3. Exploration (the paper's random process N): Gaussian N(0, sigma^2) per step, or
