@@ -614,6 +614,11 @@ def test_bad_checkpoints(tiny_run, tmp_path):
     torch.save({k: v for k, v in torch.load(good, weights_only=True).items() if k != "harness"}, older)
     with pytest.raises(SystemExit, match="written by an older naf.py whose checkpoints this one cannot continue"):
         naf.train(naf.Args(resume=str(older), hidden_dim=32, num_envs=2, run_dir=str(tmp_path / "r")))
+    before_flag = tmp_path / "before_flag.pt"  # written before --layer-norm existed: its args lack the key
+    ckpt = torch.load(good, weights_only=True)
+    torch.save({**ckpt, "args": {k: v for k, v in ckpt["args"].items() if k != "layer_norm"}}, before_flag)
+    with pytest.raises(SystemExit, match="predates --layer-norm; continue it with the naf.py that wrote it"):
+        naf.train(naf.Args(resume=str(before_flag), hidden_dim=32, num_envs=2, run_dir=str(tmp_path / "r")))
     assert not (tmp_path / "r").exists()
 
 
