@@ -16,7 +16,7 @@ Equations (paper, Section 4):
     L(x)    lower-triangular, its entries a linear output of the network, diagonal
             exponentiated, so P is positive definite and A <= 0 with A = 0 only at u = mu
     y       = r + gamma (1 - terminated) V'(x')        (V' from the target network; deviation h,
-            an option, takes the smaller V' of two networks)
+            an option, takes the smaller V' of two networks; j, an option, smooths V')
     loss    = mean_batch (y - Q(x, u))^2,   theta' <- tau theta + (1 - tau) theta'
             (this file adds deviation g's penalty on mu before tanh to the loss)
 
@@ -54,7 +54,7 @@ Implementation details:
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
 checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
 option, on HalfCheetah-v5; g on those three tasks and Hopper-v5; a-f were measured without g;
-h and i, options, came last, on HalfCheetah-v5 and Hopper-v5 with g):
+h, i and j, options, came last, on HalfCheetah-v5 and Hopper-v5 with g):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
@@ -174,6 +174,18 @@ i. A LayerNorm after each hidden linear layer, before its ReLU, off by default (
      90k, then fell to 2,548.
    - Hopper-v5 with `naf-hopper`'s flags (one network, seeds 1 and 3): 1,022 and 398 against 686
      and 118; seed 3 ended below half its best (1,115).
+j. TD3's target policy smoothing, off by default (`--target-noise sigma`): TD3 bootstraps from
+   Q'(x', mu'(x') + eps), eps ~ N(0, sigma^2 I), so that a narrow peak of Q' around mu' does not pass
+   into y. NAF's Q' is quadratic in u, so the mean over eps has a closed form,
+   E Q'(x', mu'(x') + eps) = V'(x') - sigma^2/2 tr P'(x'), and y takes that mean with no sampling
+   noise (TD3's clips of eps to +-0.5 and of the action to its bounds are left out). With h, each
+   twin's smoothed V' enters the minimum. Measured (issue 13, HalfCheetah-v5, 100k steps, the zoo's
+   `naf-halfcheetah` with sigma 0.2, TD3's value; seeds 1-4, seed 5 stopped): 4,037, 5,035, 3,841
+   and 4,875 against 4,590, 4,954, 5,175 and 3,247 without it, IQM 4,456 against 4,772 and behind
+   at every 10k evaluation but 70k. The term is not small: at 100k the median tr P' over 4,096
+   replayed states was 17 on seeds 1 and 4 (10.9 on seed 4 without j), so sigma 0.2 took about 0.34
+   a step off V' (V' about 270, i.e. 2.7 a step at gamma 0.99). The flag is there to ablate TD3's
+   third component; it is not a setting that won.
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
 before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
 15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
@@ -334,6 +346,8 @@ class Args:
     """feed the network observations standardised by the running mean and variance of all seen so far (deviation e)"""
     layer_norm: bool = False
     """a LayerNorm after each hidden linear layer, before its ReLU (deviation i)"""
+    target_noise: float = 0.0
+    """sigma of TD3's target smoothing, taken in closed form: y bootstraps from V'(x') - sigma^2/2 tr P'(x') (deviation j; 0: off)"""
 
 
 # ---------------------------------------------------------------- environment
@@ -368,8 +382,7 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     make_env(env_id).close()  # validate once, in the main process, before building the copies
     # NEXT_STEP autoreset on purpose (detail 5): step_and_store drops the reset step.
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     obs, _ = envs.reset(seed=seed)
     return envs, obs
 
@@ -409,8 +422,12 @@ class NAFNetwork(nn.Module):
             x = ((x - mean) / ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()).clamp(-10.0, 10.0).float()
         return self.trunk(x)
 
-    def value(self, x: torch.Tensor) -> torch.Tensor:  # V(x) alone: all the target needs
-        return self.v_head(self.features(x)).squeeze(-1)
+    def value(self, x: torch.Tensor, sigma: float = 0.0, floor: float = 0.0) -> torch.Tensor:
+        """The target's V(x); with sigma > 0 E Q(x, mu(x) + eps), eps ~ N(0, sigma^2 I), = V(x) - sigma^2/2 tr P(x) (deviation j)."""
+        if sigma == 0.0:  # V alone: the mu and L heads are not needed
+            return self.v_head(self.features(x)).squeeze(-1)
+        V, _, L, _ = self(x)
+        return V - 0.5 * sigma**2 * (L.square().sum((1, 2)) + floor * self.act_dim)  # tr(L L^T + floor I) = |L|_F^2 + floor |A|
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|]."""
@@ -441,19 +458,16 @@ def td_target(r: torch.Tensor, terminated: torch.Tensor, V_next: torch.Tensor, g
     return r + gamma * (1.0 - terminated) * V_next
 
 
-def naf_loss(nets: Sequence[NAFNetwork], target_nets: Sequence[NAFNetwork], batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0):
+def naf_loss(nets: Sequence[NAFNetwork], target_nets: Sequence[NAFNetwork], batch: dict[str, torch.Tensor], gamma: float, floor: float = 0.0, penalty: float = 0.0, sigma: float = 0.0):
     """Returns (loss, TD, Q(x, u)), TD and Q of the first network: TD = mean (y - Q(x, u))^2, loss = the sum over the
-    networks of TD + penalty * mean((mu before tanh)^2) (deviation g); y bootstraps from the smallest V'(x') (deviation h)."""
+    networks of TD + penalty * mean((mu before tanh)^2) (deviation g); y bootstraps from the smallest V'(x') (deviation h), smoothed by sigma (deviation j)."""
     with torch.no_grad():
-        V_next = torch.stack([target_net.value(batch["next_obs"]) for target_net in target_nets]).amin(0)
+        V_next = torch.stack([target_net.value(batch["next_obs"], sigma, floor) for target_net in target_nets]).amin(0)
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)
-    terms = []
-    for net in nets:
-        V, mu, L, pre_tanh = net(batch["obs"])
-        q = q_value(V, mu, L, batch["actions"], floor)
-        terms.append((F.mse_loss(q, y), pre_tanh.square().mean(), q))
-    (td, _, q), *_ = terms
-    return sum(td_i + penalty * pen_i for td_i, pen_i, _ in terms), td.detach(), q.detach()
+    outputs = [net(batch["obs"]) for net in nets]  # (V, mu, L, mu before tanh) of each network
+    qs = [q_value(V, mu, L, batch["actions"], floor) for V, mu, L, _ in outputs]
+    tds = [F.mse_loss(q, y) for q in qs]
+    return sum(td + penalty * pre_tanh.square().mean() for td, (*_, pre_tanh) in zip(tds, outputs)), tds[0].detach(), qs[0].detach()
 
 
 @torch.no_grad()
@@ -491,8 +505,7 @@ class ReplayBuffer:
         idx = (self.ptr + np.arange(len(rewards))) % self.capacity
         for name, value in zip(self.FIELDS, (obs, actions, rewards, next_obs, terminated)):
             getattr(self, name)[idx] = value
-        self.ptr = int((self.ptr + len(rewards)) % self.capacity)
-        self.size = min(self.size + len(rewards), self.capacity)
+        self.ptr, self.size = int((self.ptr + len(rewards)) % self.capacity), min(self.size + len(rewards), self.capacity)
 
     def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device) -> dict[str, torch.Tensor]:
         idx = rng.integers(0, self.size, batch_size)
@@ -500,8 +513,7 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         # Copies of the filled part only: torch.save of a view would write the whole array.
-        data = {name: torch.from_numpy(getattr(self, name)[: self.size].copy()) for name in self.FIELDS}
-        return {"ptr": self.ptr, "size": self.size, **data}
+        return {"ptr": self.ptr, "size": self.size, **{name: torch.from_numpy(getattr(self, name)[: self.size].copy()) for name in self.FIELDS}}
 
     def load_state_dict(self, state: dict) -> None:
         self.ptr, self.size = int(state["ptr"]), int(state["size"])
@@ -513,15 +525,14 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset):
     """One vector step; store only real transitions (detail 5). Returns the step's outputs
     and the mask of envs whose next step is an autoreset."""
     next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(u, envs.single_action_space.low, envs.single_action_space.high))
-    real = ~autoreset
-    rb.add(obs[real], u[real], rewards[real], next_obs[real], terminated[real])
+    rb.add(*(a[~autoreset] for a in (obs, u, rewards, next_obs, terminated)))  # a reset step's row is no transition
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-def update(nets: nn.ModuleList, target_nets: nn.ModuleList, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0, penalty: float = 0.0):
+def update(nets: nn.ModuleList, target_nets: nn.ModuleList, optimizer, batch: dict, gamma: float, tau: float, max_grad_norm: float, floor: float = 0.0, penalty: float = 0.0, sigma: float = 0.0):
     """One gradient step on the loss (its norm clipped over all networks), then the soft target update.
     Returns (loss, TD loss, Q(x, u)), detached."""
-    loss, td, q = naf_loss(nets, target_nets, batch, gamma, floor, penalty)
+    loss, td, q = naf_loss(nets, target_nets, batch, gamma, floor, penalty, sigma)
     optimizer.zero_grad()
     loss.backward()
     if max_grad_norm > 0:
@@ -551,7 +562,7 @@ def train(args: Args) -> None:
         (args.learning_starts >= 0, "--learning-starts must be non-negative"),
         (args.noise_scale >= 0 and (args.final_noise_scale is None or args.final_noise_scale >= 0), "--noise-scale and --final-noise-scale must be non-negative"),
         (args.noise_decay_steps >= 0 and args.max_grad_norm >= 0, "--noise-decay-steps and --max-grad-norm must be non-negative"),
-        (args.head_init_scale > 0 and args.curvature_floor >= 0 and args.pre_tanh_penalty >= 0, "--head-init-scale must be positive, --curvature-floor and --pre-tanh-penalty non-negative"),
+        (args.head_init_scale > 0 and args.curvature_floor >= 0 and args.pre_tanh_penalty >= 0 and args.target_noise >= 0, "--head-init-scale must be positive, --curvature-floor, --pre-tanh-penalty and --target-noise non-negative"),
         (args.hidden_dim >= 1 and args.updates_per_step >= 1, "--hidden-dim and --updates-per-step must be at least 1"),
     ])
     if args.eval_only:
@@ -603,7 +614,7 @@ def train(args: Args) -> None:
 
             if global_step >= args.learning_starts and rb.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    loss, td, q = update(nets, target_nets, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty)
+                    loss, td, q = update(nets, target_nets, optimizer, rb.sample(args.batch_size, rng, device), args.gamma, args.tau, args.max_grad_norm, args.curvature_floor, args.pre_tanh_penalty, args.target_noise)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL

@@ -207,6 +207,46 @@ def test_twin_networks_bootstrap_from_the_smaller_v():
     assert single.item() != pytest.approx(own[0][0], rel=1e-3)
 
 
+def test_smoothed_target_value_is_the_mean_of_q_over_target_noise():
+    """Deviation j (--target-noise sigma): the target's V'(x') - sigma^2/2 tr P'(x') is the mean of
+    Q'(x', mu'(x') + eps) over eps ~ N(0, sigma^2 I), here by Monte Carlo over 200,000 draws per state
+    with the curvature floor on; sigma 0 gives V'(x') itself."""
+    net, x, sigma, floor = random_net(seed=4), torch.randn(6, 4), 0.3, 0.2
+    with torch.no_grad():
+        V, mu, L, _ = net(x)
+        eps = sigma * torch.randn(200_000, 6, 3, generator=torch.Generator().manual_seed(0))
+        q = torch.stack([naf.q_value(V, mu, L, mu + e, floor) for e in eps.unbind(0)])  # [draws, states]
+        smoothed = net.value(x, sigma, floor)
+    assert torch.all(V - smoothed > 0.05)  # the smoothing is not a no-op here
+    np.testing.assert_allclose(smoothed.numpy(), q.mean(0).numpy(), atol=float(4 * q.std(0).max() / 200_000**0.5))
+    torch.testing.assert_close(net.value(x, 0.0, floor), V, rtol=0.0, atol=0.0)
+
+
+def test_twins_bootstrap_from_the_smaller_smoothed_value():
+    """With --twin-q and --target-noise, y = r + gamma (1 - terminated) min_i(V_i' - sigma^2/2 tr P_i'),
+    tr P_i' summed from the diagonal of L_i' L_i'^T + floor I; update() passes sigma to the loss."""
+    nets, targets = [random_net(seed=0), random_net(seed=2)], [random_net(seed=1), random_net(seed=3)]
+    batch = {"obs": torch.randn(7, 4), "actions": torch.rand(7, 3) * 2 - 1, "rewards": torch.randn(7),
+             "next_obs": torch.randn(7, 4), "terminated": torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])}
+    sigma, floor = 0.4, 0.1
+    with torch.no_grad():
+        smoothed = []
+        for t in targets:
+            V, _, L, _ = t(batch["next_obs"])
+            trace = torch.diagonal(L @ L.transpose(1, 2) + floor * torch.eye(3), dim1=1, dim2=2).sum(-1)
+            smoothed.append(V - 0.5 * sigma**2 * trace)
+        y = batch["rewards"] + 0.99 * (1 - batch["terminated"]) * torch.minimum(*smoothed)
+        V, mu, L, _ = nets[1](batch["obs"])
+        expected_twin = ((naf.q_value(V, mu, L, batch["actions"], floor) - y) ** 2).mean()
+    loss, td, q = naf.naf_loss(nets, targets, batch, 0.99, floor, 0.0, sigma)
+    torch.testing.assert_close(td, ((q - y) ** 2).mean())
+    assert loss.item() == pytest.approx(td.item() + expected_twin.item(), rel=1e-6)
+    assert td.item() != pytest.approx(naf.naf_loss(nets, targets, batch, 0.99, floor, 0.0)[1].item(), rel=1e-3)
+    stepped = naf.update(torch.nn.ModuleList(nets), torch.nn.ModuleList(targets), torch.optim.SGD([p for n in nets for p in n.parameters()], lr=0.0),
+                         batch, 0.99, 0.0, 0.0, floor, 0.0, sigma)
+    assert stepped[0].item() == pytest.approx(loss.item(), rel=1e-6)
+
+
 def test_soft_update_and_scale_action_and_noise():
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     expected = 0.1 * a.weight.detach() + 0.9 * b.weight.detach()
@@ -279,21 +319,21 @@ def test_update_clips_the_twins_gradient_norm_jointly():
 
 def test_train_follows_the_noise_schedule_and_scales_the_heads(monkeypatch, tmp_path, restore_signals):
     """The flags reach the loop: each step draws its noise at the scheduled sigma, each update's
-    advantage gets --curvature-floor and each update's loss --pre-tanh-penalty, and the saved
+    advantage gets --curvature-floor and each update's loss --pre-tanh-penalty and --target-noise, and the saved
     (untrained) network's heads are --head-init-scale times those of the same seed's default."""
     scales, real_noise = [], naf.exploration_noise
     monkeypatch.setattr(naf, "exploration_noise", lambda kind, state, scale, rng: scales.append(scale) or real_noise(kind, state, scale, rng))
     floors, real_advantage = [], naf.advantage  # the end of the chain train -> update -> naf_loss -> q_value
     monkeypatch.setattr(naf, "advantage", lambda u, mu, L, floor=0.0: floors.append(floor) or real_advantage(u, mu, L, floor))
     penalties, real_loss = [], naf.naf_loss
-    monkeypatch.setattr(naf, "naf_loss", lambda net, target, batch, gamma, floor, penalty:
-                        penalties.append(penalty) or real_loss(net, target, batch, gamma, floor, penalty))
+    monkeypatch.setattr(naf, "naf_loss", lambda net, target, batch, gamma, floor, penalty, sigma:
+                        penalties.append((penalty, sigma)) or real_loss(net, target, batch, gamma, floor, penalty, sigma))
     common = dict(total_steps=150, batch_size=16, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0)
     naf.train(naf.Args(learning_starts=0, noise_scale=0.3, final_noise_scale=0.1, noise_decay_steps=100, curvature_floor=0.25,
-                       pre_tanh_penalty=0.125, run_dir=str(tmp_path / "decay"), **common))
+                       pre_tanh_penalty=0.125, target_noise=0.375, run_dir=str(tmp_path / "decay"), **common))
     np.testing.assert_allclose(scales, [0.3 - 0.2 * min(1.0, t / 100) for t in range(150)])
     assert floors == [0.25] * (150 - 16 + 1)  # one update (one advantage) per step once the buffer holds a batch
-    assert penalties == [0.125] * (150 - 16 + 1)
+    assert penalties == [(0.125, 0.375)] * (150 - 16 + 1)
     for name, head_scale in (("plain", 1.0), ("small", 0.1)):  # no update before step 1000: the saved nets are the initial ones
         naf.train(naf.Args(learning_starts=1000, head_init_scale=head_scale, run_dir=str(tmp_path / name), **common))
     plain, small = (torch.load(tmp_path / n / "checkpoints" / "latest.pt", weights_only=True)["net"] for n in ("plain", "small"))
@@ -573,6 +613,7 @@ def test_unsupported_env_refused(env_id, fragment):
     ({"max_grad_norm": -1.0}, "--max-grad-norm"), ({"head_init_scale": 0.0}, "--head-init-scale"), ({"hidden_dim": 0}, "--hidden-dim"),
     ({"curvature_floor": -0.1}, "--curvature-floor"), ({"pre_tanh_penalty": -0.01}, "--pre-tanh-penalty"),
     ({"pre_tanh_penalty": float("nan")}, "--pre-tanh-penalty"),
+    ({"target_noise": -0.2}, "--target-noise"), ({"target_noise": float("nan")}, "--target-noise"),
     ({"eval_only": True}, "--checkpoint"),
 ])
 def test_bad_hyperparameters(flags, fragment):
