@@ -83,8 +83,9 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    InvertedPendulum-v5 (Q 454 at 30k steps, an evaluation at 52 at 27.5k; 1 seed). On
    HalfCheetah-v5 with the zoo's preset the clip is more than a safeguard: at 100k steps the loss's
    gradient norm (median over 50 replayed batches of 256) was 141-289 on 3 seeds, so it rescaled
-   every step. Without it (`--max-grad-norm 0`, seeds 2 and 4) the runs ended at 3,900 and 5,538
-   against 4,954 and 3,247, and seed 4 dropped to 1,674 at 80k on the way: two seeds, no verdict.
+   every step, and it helps there: without it (`--max-grad-norm 0`, 5 seeds) the runs ended at 4,554,
+   3,900, 3,496, 5,538 and 4,870 against 4,590, 4,954, 5,175, 3,247 and 5,052 (IQM 4,442 against
+   4,865), behind at every 10k evaluation from 20k on, and seed 4 dropped to 1,674 at 80k.
    Several updates per step ran only in HalfCheetah screens (below: 5 still ran upside down, 2 with
    TD3's start ended at 2,087 and 1,493 against 2,354 and 2,241 on 2 seeds; 2 per step with the
    preset, seed 2, was at 3,231 against 4,073 when stopped at 60k); input normalisation is e.
