@@ -181,12 +181,13 @@ j. TD3's target policy smoothing, off by default (`--target-noise sigma`): TD3 b
    E Q'(x', mu'(x') + eps) = V'(x') - sigma^2/2 tr P'(x'), and y takes that mean with no sampling
    noise (TD3's clips of eps to +-0.5 and of the action to its bounds are left out). With h, each
    twin's smoothed V' enters the minimum. Measured (issue 13, HalfCheetah-v5, 100k steps, the zoo's
-   `naf-halfcheetah` with sigma 0.2, TD3's value; seeds 1-4, seed 5 stopped): 4,037, 5,035, 3,841
-   and 4,875 against 4,590, 4,954, 5,175 and 3,247 without it, IQM 4,456 against 4,772 and behind
-   at every 10k evaluation but 70k. The term is not small: at 100k the median tr P' over 4,096
-   replayed states was 17 on seeds 1 and 4 (10.9 on seed 4 without j), so sigma 0.2 took about 0.34
-   a step off V' (V' about 270, i.e. 2.7 a step at gamma 0.99). The flag is there to ablate TD3's
-   third component; it is not a setting that won.
+   `naf-halfcheetah` with sigma 0.2, TD3's value; 5 seeds): 4,037, 5,036, 3,841, 4,875 and 3,837
+   against 4,590, 4,954, 5,175, 3,247 and 5,052 without it, IQM 4,251 against 4,865 and behind at
+   every 10k evaluation. The term is not small: at 100k the median tr P' over 4,096 replayed states
+   was 17 on seeds 1 and 4 (10.9 on seed 4 without j), so sigma 0.2 took about 0.34 a step off V'
+   (V' about 270, i.e. 2.7 a step at gamma 0.99). On Hopper-v5 (`naf-hopper`, seed 3) it ended at
+   363 after 1,048, below half its best as without it (118 after 1,032). The flag is there to
+   ablate TD3's third component; it is not a setting that won.
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
 before g unless a row says so: on HalfCheetah-v5 with the defaults NAF learns to run on its back. At
 15k steps the greedy policy of each of 4 seeds turned the cheetah over within the first 15-165 steps
@@ -219,7 +220,8 @@ does (a screening copy, one network, seeds 1-4), NAF climbed more slowly still (
 the shared trunk on those seeds 3,120) and ended at 3,150, 4,634, 2,228 and 3,064 (shared trunk:
 4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update; on Hopper-v5 at 970, 217, 262 and
 789 (shared trunk: 686, 1,831, 118, 988). Nor, on HalfCheetah, does Gaussian noise 0.2 (seeds 1 and
-3: 3,954 and 3,328 against 4,071 and 4,333). The upside-down plateau is not a collapse or an
+3: 3,954 and 3,328 against 4,071 and 4,333), nor, on the preset, TD3's target smoothing (j: IQM
+4,251) or dropping the gradient clip (d: IQM 4,442). The upside-down plateau is not a collapse or an
 overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of Q(x, u)
 over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per step held
 forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed did diverge:
