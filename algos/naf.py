@@ -184,8 +184,9 @@ j. TD3's target policy smoothing, off by default (`--target-noise sigma`): TD3 b
    `naf-halfcheetah` with sigma 0.2, TD3's value; 5 seeds): 4,037, 5,036, 3,841, 4,875 and 3,837
    against 4,590, 4,954, 5,175, 3,247 and 5,052 without it, IQM 4,251 against 4,865 and behind at
    every 10k evaluation. The term is not small: at 100k the median tr P' over 4,096 replayed states
-   was 17 on seeds 1 and 4 (10.9 on seed 4 without j), so sigma 0.2 took about 0.34 a step off V'
-   (V' about 270, i.e. 2.7 a step at gamma 0.99). On Hopper-v5 (`naf-hopper`, seed 3) it ended at
+   was 17 on seeds 1 and 4 (10.9 on seed 4 without j), so sigma 0.2 took about 0.34 off V' at each
+   bootstrap. That compounds like a reward 0.34 lower every step, against the 2.7 a step that a V'
+   of about 270 stands for at gamma 0.99. On Hopper-v5 (`naf-hopper`, seed 3) it ended at
    363 after 1,048, below half its best as without it (118 after 1,032). The flag is there to
    ablate TD3's third component; it is not a setting that won.
 Measured on locomotion (issue 13; results/issue13-ablations, whose gait.py replays a checkpoint),
@@ -426,7 +427,7 @@ class NAFNetwork(nn.Module):
         return self.trunk(x)
 
     def value(self, x: torch.Tensor, sigma: float = 0.0, floor: float = 0.0) -> torch.Tensor:
-        """The target's V(x); with sigma > 0 E Q(x, mu(x) + eps), eps ~ N(0, sigma^2 I), = V(x) - sigma^2/2 tr P(x) (deviation j)."""
+        """V(x) for the target; with sigma > 0 its mean under TD3's smoothing (deviation j): E Q(x, mu + eps) = V - sigma^2/2 tr P, eps ~ N(0, sigma^2 I)."""
         if sigma == 0.0:  # V alone: the mu and L heads are not needed
             return self.v_head(self.features(x)).squeeze(-1)
         V, _, L, _ = self(x)
@@ -528,7 +529,8 @@ def step_and_store(envs, rb: ReplayBuffer, obs, u, autoreset):
     """One vector step; store only real transitions (detail 5). Returns the step's outputs
     and the mask of envs whose next step is an autoreset."""
     next_obs, rewards, terminated, truncated, infos = envs.step(scale_action(u, envs.single_action_space.low, envs.single_action_space.high))
-    rb.add(*(a[~autoreset] for a in (obs, u, rewards, next_obs, terminated)))  # a reset step's row is no transition
+    real = ~autoreset  # a reset step's row is no transition
+    rb.add(*(a[real] for a in (obs, u, rewards, next_obs, terminated)))
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 

@@ -207,15 +207,20 @@ def test_twin_networks_bootstrap_from_the_smaller_v():
     assert single.item() != pytest.approx(own[0][0], rel=1e-3)
 
 
+def hand_q(V, L, d, floor):
+    """Q = V - 1/2 d^T (L L^T + floor I) d for d = u - mu, written as |L^T d|^2 + floor |d|^2."""
+    return V - 0.5 * ((L.transpose(-1, -2) @ d.unsqueeze(-1)).squeeze(-1).square().sum(-1) + floor * d.square().sum(-1))
+
+
 def test_smoothed_target_value_is_the_mean_of_q_over_target_noise():
     """Deviation j (--target-noise sigma): the target's V'(x') - sigma^2/2 tr P'(x') is the mean of
     Q'(x', mu'(x') + eps) over eps ~ N(0, sigma^2 I), here by Monte Carlo over 200,000 draws per state
-    with the curvature floor on; sigma 0 gives V'(x') itself."""
+    of Q written out by hand, with the curvature floor on; sigma 0 gives V'(x') itself."""
     net, x, sigma, floor = random_net(seed=4), torch.randn(6, 4), 0.3, 0.2
     with torch.no_grad():
-        V, mu, L, _ = net(x)
+        V, _, L, _ = net(x)
         n, eps = 200_000, sigma * torch.randn(200_000, 6, 3, generator=torch.Generator().manual_seed(0))
-        q = naf.q_value(V.repeat(n), mu.repeat(n, 1), L.repeat(n, 1, 1), (mu + eps).reshape(-1, 3), floor).reshape(n, 6)  # [draws, states]
+        q = hand_q(V, L, eps, floor)  # [draws, states]: Q at mu + eps, so u - mu = eps
         smoothed = net.value(x, sigma, floor)
     assert torch.all(V - smoothed > 0.05)  # the smoothing is not a no-op here
     np.testing.assert_allclose(smoothed.numpy(), q.mean(0).numpy(), atol=float(4 * q.std(0).max() / n**0.5))
@@ -237,11 +242,12 @@ def test_twins_bootstrap_from_the_smaller_smoothed_value():
             smoothed.append(V - 0.5 * sigma**2 * trace)
         assert torch.any(smoothed[0] < smoothed[1]) and torch.any(smoothed[1] < smoothed[0])  # the minimum picks from both
         y = batch["rewards"] + 0.99 * (1 - batch["terminated"]) * torch.minimum(*smoothed)
-        V, mu, L, _ = nets[1](batch["obs"])
-        expected_twin = ((naf.q_value(V, mu, L, batch["actions"], floor) - y) ** 2).mean()
+        q_by_hand = [hand_q(V, L, batch["actions"] - mu, floor) for V, mu, L, _ in (net(batch["obs"]) for net in nets)]
+        expected = [((q_i - y) ** 2).mean() for q_i in q_by_hand]
     loss, td, q = naf.naf_loss(nets, targets, batch, 0.99, floor, 0.0, sigma)
-    torch.testing.assert_close(td, ((q - y) ** 2).mean())
-    assert loss.item() == pytest.approx(td.item() + expected_twin.item(), rel=1e-6)
+    torch.testing.assert_close(q, q_by_hand[0])
+    assert td.item() == pytest.approx(expected[0].item(), rel=1e-6)
+    assert loss.item() == pytest.approx(expected[0].item() + expected[1].item(), rel=1e-6)
     assert td.item() != pytest.approx(naf.naf_loss(nets, targets, batch, 0.99, floor, 0.0)[1].item(), rel=1e-3)
     stepped = naf.update(torch.nn.ModuleList(nets), torch.nn.ModuleList(targets), torch.optim.SGD([p for n in nets for p in n.parameters()], lr=0.0),
                          batch, 0.99, 0.0, 0.0, floor, 0.0, sigma)
