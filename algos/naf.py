@@ -208,6 +208,7 @@ replayed episodes at 100k upright throughout, mean speed 2.3-4.7 m/s by seed; d4
   the zoo's preset (TD3's start with Gaussian noise 0.05,
     --normalize-obs --twin-q --batch-size 256 --layer-norm;
     deviations h and i):                                    5,902, 5,624, 4,383, 5,438, 4,266 (IQM 5,148)
+    the same with noise 0.02 (3 seeds):                     5,312, 2,942, 3,286
   the preset with TD3's noise 0.1 (the preset before):      4,590, 4,954, 5,175, 3,247, 5,052 (IQM 4,865)
     the same without --layer-norm:                          4,607, 4,330, 3,867, 4,224, 4,345 (IQM 4,300)
   --normalize-obs, TD3's start (the preset before h):       4,071, 2,365, 4,333, 2,983, 4,504 (IQM 3,796)
@@ -222,7 +223,8 @@ with h, 3,567 with i, TD3 3,554). With i the IQM was at or above TD3's at every 
 0.05 instead of 0.1 every seed ended at >= 96% of its best and the IQM at 100k rose to 94% of
 TD3's (5,148), but it was lower from 40k to 70k (3,781 at 70k against 4,151; TD3 3,900). Why less
 noise helps is open. That replayed actions lie nearer mu is not why: over the last 5,000
-transitions the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1.
+transitions the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1. Less
+still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286).
 On Hopper-v5, noise 0.05 did worse (seeds 1-3: 314, 996, 294 against 686, 1,831, 118). Separate
 networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
 does (a screening copy, one network, seeds 1-4), NAF climbed more slowly still (IQM at 50k 1,597;
