@@ -222,8 +222,8 @@ with h, 3,567 with i, TD3 3,554). With i the IQM was at or above TD3's at every 
 20k to 90k but 80k (4,241 against 4,336), and 89% of it at 100k (4,865 against 5,476). With noise
 0.05 instead of 0.1 every seed ended at >= 96% of its best and the IQM at 100k rose to 94% of
 TD3's (5,148), but it was lower from 40k to 70k (3,781 at 70k against 4,151; TD3 3,900). Why less
-noise helps is open. That replayed actions lie nearer mu is not why: over the last 5,000
-transitions the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1. Less
+noise helps is open; replayed actions did not lie nearer mu: over the last 5,000 transitions
+the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1 (the policy's drift). Less
 still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286).
 On Hopper-v5, noise 0.05 did worse (seeds 1-3: 314, 996, 294 against 686, 1,831, 118). Separate
 networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
