@@ -57,7 +57,9 @@ option, on HalfCheetah-v5; g on those three tasks and Hopper-v5; a-f were measur
 h, i and j, options, came last, on HalfCheetah-v5 and Hopper-v5 with g and the presets' Gaussian
 noise 0.1, before `naf-halfcheetah` took 0.05):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
-   updates, slow for propagating Pendulum's values within a 20k-step budget.
+   updates, slow for propagating Pendulum's values within a 20k-step budget. TD3 moves its targets
+   only every second update, about tau 0.0025 a step; with the zoo's `naf-halfcheetah` that pace
+   was slower (seed 3: 1,927 at 50k and 3,628 at 100k against 2,693 and 4,383).
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
    per-sample ReLU layers keep acting and evaluation independent of the batch.
 c. Exploration noise that decays: OU sigma 0.3 (DDPG: 0.2) falling linearly to 0.05 over the
@@ -89,7 +91,12 @@ d. Gradient-norm clipping at 10 (not in the paper; `--max-grad-norm`), a safegua
    4,865), behind at every 10k evaluation from 20k on, and seed 4 dropped to 1,674 at 80k.
    Several updates per step ran only in HalfCheetah screens (below: 5 still ran upside down, 2 with
    TD3's start ended at 2,087 and 1,493 against 2,354 and 2,241 on 2 seeds; 2 per step with the
-   preset, seed 2, was at 3,231 against 4,073 when stopped at 60k); input normalisation is e.
+   preset, seed 2, was at 3,231 against 4,073 when stopped at 60k). With the preset since i and
+   noise 0.05, where LayerNorm might let more updates per step work, as in RLPD, 2 per step climbed
+   sooner (seeds 3 and 5 at 20k: 1,548 and 1,915 against 66 and 226) but did not keep it: seed 3
+   ended at 4,432 against 4,383, seed 5 fell to 870 at 100k after 4,250 (preset: 4,266), and seed
+   1 was at 2,948 against 3,958 at 60k when stopped; a run took 1.6-1.8 times as long. Input
+   normalisation is e.
 e. Input normalisation, off by default (`--normalize-obs`; on in the zoo's `naf-halfcheetah`):
    the network reads clip((x - mean) / sqrt(var + 1e-8), -10, 10), with mean and var running over
    every observation a training step returned (SB3 VecNormalize's constants). x and x' of a
@@ -224,7 +231,10 @@ with h, 3,567 with i, TD3 3,554). With i the IQM was at or above TD3's at every 
 TD3's (5,148), but it was lower from 40k to 70k (3,781 at 70k against 4,151; TD3 3,900). Why less
 noise helps is open; replayed actions did not lie nearer mu: over the last 5,000 transitions
 the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1 (the policy's drift). Less
-still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286).
+still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286). Noise falling linearly from 0.1 to 0.05
+over the run, for 0.1's middle and 0.05's end, ended level (seeds 3 and 5: 4,142 and 4,713 against
+4,383 and 4,266). Two more seeds on each side (6 and 7) left the gap where it was: NAF ended at 5,074
+and 4,260, TD3 at 4,772 and 5,333, and over seeds 1-7 the IQM is 4,957 against 5,306 (93%).
 On Hopper-v5, noise 0.05 did worse (seeds 1-3: 314, 996, 294 against 686, 1,831, 118). Separate
 networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
 does (a screening copy, one network, seeds 1-4), NAF climbed more slowly still (IQM at 50k 1,597;
