@@ -232,8 +232,8 @@ TD3's (5,148), but it was lower from 40k to 70k (3,781 at 70k against 4,151; TD3
 noise helps is open; replayed actions did not lie nearer mu: over the last 5,000 transitions
 the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1 (the policy's drift). Less
 still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286). Noise falling linearly from 0.1 to 0.05
-over the run, for 0.1's middle and 0.05's end, ended level (seeds 3 and 5: 4,142 and 4,713 against
-4,383 and 4,266). Two more seeds on each side (6 and 7) left the gap where it was: NAF ended at 5,074
+over the run, for 0.1's middle and 0.05's end, ended behind (seeds 1, 2, 3, 5: 4,802, 3,396, 4,142,
+4,713 against 5,902, 5,624, 4,383, 4,266). Two more seeds on each side (6 and 7) left the gap where it was: NAF ended at 5,074
 and 4,260, TD3 at 4,772 and 5,333, and over seeds 1-7 the IQM is 4,957 against 5,306 (93%).
 On Hopper-v5, noise 0.05 did worse (seeds 1-3: 314, 996, 294 against 686, 1,831, 118). Separate
 networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
