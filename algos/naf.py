@@ -53,9 +53,10 @@ Implementation details:
 
 Deviations from the paper and public ports, set for Pendulum-v1 in 20k steps (c and d also
 checked on InvertedPendulum-v5 in 30k; e measured there and on HalfCheetah-v5 in 100k; f, an
-option, on HalfCheetah-v5; g on those three tasks and Hopper-v5; a-f were measured without g;
-h, i and j, options, came last, on HalfCheetah-v5 and Hopper-v5 with g and the presets' Gaussian
-noise 0.1, before `naf-halfcheetah` took 0.05):
+option, on HalfCheetah-v5; g on those three tasks and Hopper-v5; a-f were measured without g,
+but for the last sentences of a and d, which name the preset they ran on; h, i and j, options,
+came last, on HalfCheetah-v5 and Hopper-v5 with g and the presets' Gaussian noise 0.1, before
+`naf-halfcheetah` took 0.05):
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget. TD3 moves its targets
    only every second update, about tau 0.0025 a step; with the zoo's `naf-halfcheetah` that pace
@@ -230,11 +231,13 @@ with h, 3,567 with i, TD3 3,554). With i the IQM was at or above TD3's at every 
 0.05 instead of 0.1 every seed ended at >= 96% of its best and the IQM at 100k rose to 94% of
 TD3's (5,148), but it was lower from 40k to 70k (3,781 at 70k against 4,151; TD3 3,900). Why less
 noise helps is open; replayed actions did not lie nearer mu: over the last 5,000 transitions
-the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1 (the policy's drift). Less
-still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286). Noise falling linearly from 0.1 to 0.05
-over the run, for 0.1's middle and 0.05's end, ended behind (seeds 1, 2, 3, 5: 4,802, 3,396, 4,142,
-4,713 against 5,902, 5,624, 4,383, 4,266). Two more seeds on each side (6 and 7) left the gap where it was: NAF ended at 5,074
-and 4,260, TD3 at 4,772 and 5,333, and over seeds 1-7 the IQM is 4,957 against 5,306 (93%).
+the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1 (the policy's
+drift). Less still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286). Noise falling linearly
+from 0.1 to 0.05 over the run, for 0.1's middle and 0.05's end, ended behind (seeds 1, 2, 3, 5:
+4,802, 3,396, 4,142, 4,713 against 5,902, 5,624, 4,383, 4,266). Two more seeds on each side (6
+and 7) left the gap where it was: NAF ended at 5,074 and 4,260, TD3 at 4,772 and 5,333, and over
+seeds 1-7 the IQM is 4,957 against 5,306 (93%), a difference that seven seeds cannot resolve (a
+bootstrap's 95% interval of it: -1,104 to +629).
 On Hopper-v5, noise 0.05 did worse (seeds 1-3: 314, 996, 294 against 686, 1,831, 118). Separate
 networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
 does (a screening copy, one network, seeds 1-4), NAF climbed more slowly still (IQM at 50k 1,597;
