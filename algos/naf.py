@@ -60,7 +60,10 @@ came last, on HalfCheetah-v5 and Hopper-v5 with g and the presets' Gaussian nois
 a. tau = 0.005 (public ports 1e-3): with 1e-3 the target would trail the network by ~1000
    updates, slow for propagating Pendulum's values within a 20k-step budget. TD3 moves its targets
    only every second update, about tau 0.0025 a step; with the zoo's `naf-halfcheetah` that pace
-   was slower (seed 3: 1,927 at 50k and 3,628 at 100k against 2,693 and 4,383).
+   was slower (seed 3: 1,927 at 50k and 3,628 at 100k against 2,693 and 4,383). Twice the pace,
+   tau 0.01, climbed sooner there (IQM of seeds 1-5 at 20k: 938 against 222) but ended lower, on 6
+   of 7 seeds: 5,039, 4,905, 3,630, 3,309, 5,854, 4,204, 3,327 (IQM of seeds 1-5: 4,524 against
+   5,148), behind at every 10k evaluation from 40k on.
 b. hidden_dim = 256 without batch normalisation (ports: 128-200, some with batch norm):
    per-sample ReLU layers keep acting and evaluation independent of the batch.
 c. Exploration noise that decays: OU sigma 0.3 (DDPG: 0.2) falling linearly to 0.05 over the
@@ -234,10 +237,11 @@ noise helps is open; replayed actions did not lie nearer mu: over the last 5,000
 the median |u - mu(x)| at 100k was 0.31-0.54 with 0.05 and 0.34-0.57 with 0.1 (the policy's
 drift). Less still, 0.02, went too far (seeds 1-3: 5,312, 2,942, 3,286). Noise falling linearly
 from 0.1 to 0.05 over the run, for 0.1's middle and 0.05's end, ended behind (seeds 1, 2, 3, 5:
-4,802, 3,396, 4,142, 4,713 against 5,902, 5,624, 4,383, 4,266). Two more seeds on each side (6
-and 7) left the gap where it was: NAF ended at 5,074 and 4,260, TD3 at 4,772 and 5,333, and over
-seeds 1-7 the IQM is 4,957 against 5,306 (93%), a difference that seven seeds cannot resolve (a
-bootstrap's 95% interval of it: -1,104 to +629).
+4,802, 3,396, 4,142, 4,713 against 5,902, 5,624, 4,383, 4,266). Four more seeds on each side
+widened the gap: NAF ended at 5,074, 4,260, 3,400 and 3,440 (seeds 6-9), TD3 at 4,772, 5,333,
+5,649 and 5,326. Over seeds 1-7 the IQM was 4,957 against 5,306 (93%; a bootstrap's 95% interval
+of the difference: -1,104 to +629); over seeds 1-9 it is 4,684 against 5,373 (87%; interval -1,584
+to +230, NAF ahead in 7% of resamples), so at this budget NAF is more likely behind TD3 than level.
 On Hopper-v5, noise 0.05 did worse (seeds 1-3: 314, 996, 294 against 686, 1,831, 118). Separate
 networks do not close the gap: with V, mu and L each read from its own MLP, as railrl's QuadraticNAF
 does (a screening copy, one network, seeds 1-4), NAF climbed more slowly still (IQM at 50k 1,597;
@@ -260,9 +264,12 @@ steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without
 2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM
 635, and 3 seeds ended below half their best. Walker2d-v5 at 100k steps is too short to compare on:
 RL Zoo's TD3 ended at 237 and 462 (seeds 1 and 2; its untrained actor scored 314), and NAF's seed 1
-at 73 (best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s. Swimmer-v5
-(`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods there at gamma 0.99,
-and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer d4pg.py.
+at 73 (best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s. So is
+Ant-v5: standing still for its 1,000 steps scores about 1,000, as TD3's untrained actor did at 5k
+and 10k (988, 990), and once updates began neither method got back to it before the runs were
+stopped (seed 1 each: TD3 12-389 to 45k; NAF with `naf-halfcheetah`'s flags 271-720 to 60k).
+Swimmer-v5 (`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods there at
+gamma 0.99, and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
