@@ -270,9 +270,9 @@ and 10k (988, 990), and once updates began neither method got back to it before 
 stopped (seed 1 each: TD3 12-389 to 45k; NAF with `naf-halfcheetah`'s flags 271-720 to 60k).
 So is Humanoid-v5 (seed 1 each): TD3's untrained actor scored 161-167, then 53 from 15k to 70k
 (episodes of 14 steps), and NAF 248-275 untrained, then 278-475 to 85k: neither stays up for 100
-steps.
-Swimmer-v5 (`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods there at
-gamma 0.99, and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer d4pg.py.
+steps. Swimmer-v5 (`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods
+there at gamma 0.99, and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer
+d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
