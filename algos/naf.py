@@ -135,7 +135,7 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
    only through tanh, whose slope is below 0.01 past |3|, so a component driven into the tail gets
    almost no gradient back; the penalty's gradient, 2 penalty (mu before tanh) / (B |A|), grows the
    further in it is. Measured (issue 13, 5 seeds per row; 0.01 is the one weight run in full, and
-   single-seed pointers at 0.001 and 0.03 on Hopper-v5 did no better):
+   single-seed pointers at 0.001 and 0.03 on Hopper-v5 did no better; on HalfCheetah-v5 below):
    - Hopper-v5, 100k steps, the zoo's locomotion flags: without the penalty the thigh's mu sat at its
      bound on 95-100% of the greedy policy's steps on every seed (median |mu before tanh| 15-90; RL
      Zoo's TD3 actor: 0-20%), and each seed stood still (a return near 1,000 is 1 per step for
@@ -149,6 +149,14 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
      mean was -134 against -137; on InvertedPendulum the evaluations at 20k, 25k and 30k were all
      >= 950 on 5 of 5 seeds either way, and 3 evaluations fell below 950 after first reaching it
      either way (every 2,500 steps).
+   - HalfCheetah-v5 with the zoo's `naf-halfcheetah`: the penalty keeps mu off the bounds, where RL
+     Zoo's TD3 actor spends 40-93% of its steps per component (|u| > 0.99; 4 seeds; NAF 0-10%, at a
+     median |mu before tanh| of 0.3-1.9). Freeing mu did not help. At 0 it saturated again (seed 1:
+     |mu before tanh| 17-18, 1,046 at 70k when stopped); 0.001 and 0.03 ended lower on every seed
+     run (3,267 on seed 1; 4,605, 3,864 and 3,618 on seeds 1-3; the preset 5,902, 5,624, 4,383);
+     and a penalty on only the part of |mu before tanh| past 2 (a screening copy, 5 seeds) put
+     components at a bound on up to 82% of steps but ended at 5,486, 3,718, 4,463, 3,772 and 5,980
+     (IQM 4,574 against 5,148). So the bounds are not what keeps NAF below TD3 there.
    It does not revive P_11 (deviation f: median 0.000-0.021 at 100k on HalfCheetah with it).
 h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`, with TD3's batch of
    256): two NAF networks, initialised apart, each fitted to the same target
@@ -249,30 +257,30 @@ the shared trunk on those seeds 3,120) and ended at 3,150, 4,634, 2,228 and 3,06
 4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update; on Hopper-v5 at 970, 217, 262 and
 789 (shared trunk: 686, 1,831, 118, 988). Nor, on HalfCheetah, does Gaussian noise 0.2 (seeds 1 and
 3: 3,954 and 3,328 against 4,071 and 4,333), nor, on the preset, TD3's target smoothing (j: IQM
-4,251) or dropping the gradient clip (d: IQM 4,442). The upside-down plateau is not a collapse or an
-overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch mean of Q(x, u)
-over the last 10k steps (117-136) is within 6% of the training episodes' mean reward per step held
-forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that failed did diverge:
-at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without g: 260-400), the
-batch mean of Q(x, u) had taken off from about 50k and 35k steps, and mu was saturated on 98-100% of
-states: by all appearances the target's maximum, V'(x'), fed on itself. TD3's start is not the
-default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian noise 0.1 from the
-start collapsed Pendulum seeds (deviation c). Why the longer random start changes the order was not
-measured: Gaussian 0.1 after the default 1k random steps still ran upside down. On Hopper-v5 (100k
-steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without g (IQM 333), and at
-686, 1,831, 118, 988 and 721 with it (the zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at
-2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM
-635, and 3 seeds ended below half their best. Walker2d-v5 at 100k steps is too short to compare on:
-RL Zoo's TD3 ended at 237 and 462 (seeds 1 and 2; its untrained actor scored 314), and NAF's seed 1
-at 73 (best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s. So is
-Ant-v5: standing still for its 1,000 steps scores about 1,000, as TD3's untrained actor did at 5k
-and 10k (988, 990), and once updates began neither method got back to it before the runs were
-stopped (seed 1 each: TD3 12-389 to 45k; NAF with `naf-halfcheetah`'s flags 271-720 to 60k).
-So is Humanoid-v5 (seed 1 each): TD3's untrained actor scored 161-167, then 53 from 15k to 70k
-(episodes of 14 steps), and NAF 248-275 untrained, then 278-475 to 85k: neither stays up for 100
-steps. Swimmer-v5 (`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods
-there at gamma 0.99, and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer
-d4pg.py.
+4,251), dropping the gradient clip (d: IQM 4,442), or letting mu reach the bounds that TD3's actor
+acts at (g: IQM 4,574 with the penalty only past |mu before tanh| 2). The upside-down plateau is not
+a collapse or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch
+mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward
+per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that
+failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without
+g: 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k steps, and mu was
+saturated on 98-100% of states: by all appearances the target's maximum, V'(x'), fed on itself.
+TD3's start is not the default: its 10k random steps are half of Pendulum-v1's budget, and Gaussian
+noise 0.1 from the start collapsed Pendulum seeds (deviation c). Why the longer random start changes
+the order was not measured: Gaussian 0.1 after the default 1k random steps still ran upside down. On
+Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at 1,009, 126, 214, 661 and 110 without g
+(IQM 333), and at 686, 1,831, 118, 988 and 721 with it (the zoo's `naf-hopper`, IQM 798), against RL
+Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian noise 0.2 instead of 0.1 there (5
+seeds): IQM 635, and 3 seeds ended below half their best. Walker2d-v5 at 100k steps is too short to
+compare on: RL Zoo's TD3 ended at 237 and 462 (seeds 1 and 2; its untrained actor scored 314), and
+NAF's seed 1 at 73 (best 428) with `naf-hopper`'s flags and 207 (best 318) with `naf-halfcheetah`'s.
+So is Ant-v5: standing still for its 1,000 steps scores about 1,000, as TD3's untrained actor did at
+5k and 10k (988, 990), and once updates began neither method got back to it before the runs were
+stopped (seed 1 each: TD3 12-389 to 45k; NAF with `naf-halfcheetah`'s flags 271-720 to 60k). So is
+Humanoid-v5 (seed 1 each): TD3's untrained actor scored 161-167, then 53 from 15k to 70k (episodes
+of 14 steps), and NAF 248-275 untrained, then 278-475 to 85k: neither stays up for 100 steps.
+Swimmer-v5 (`naf-hopper`'s flags, seed 1) settled at 44, the plateau of off-policy methods there at
+gamma 0.99, and with RL Zoo's gamma 0.9999 fell back to 7 after 39. For locomotion, prefer d4pg.py.
 
 Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 """
