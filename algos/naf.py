@@ -257,8 +257,9 @@ the shared trunk on those seeds 3,120) and ended at 3,150, 4,634, 2,228 and 3,06
 4,071, 2,365, 4,333, 2,983), at 1.7 times the CPU time per update; on Hopper-v5 at 970, 217, 262 and
 789 (shared trunk: 686, 1,831, 118, 988). Nor, on HalfCheetah, does Gaussian noise 0.2 (seeds 1 and
 3: 3,954 and 3,328 against 4,071 and 4,333), nor, on the preset, TD3's target smoothing (j: IQM
-4,251), dropping the gradient clip (d: IQM 4,442), or letting mu reach the bounds that TD3's actor
-acts at (g: IQM 4,574 with the penalty only past |mu before tanh| 2). The upside-down plateau is not
+4,251), dropping the gradient clip (d: IQM 4,442), letting mu reach the bounds that TD3's actor
+acts at (g: IQM 4,574 with the penalty only past |mu before tanh| 2), or the TD3 authors' learning
+rate, 3e-4 (seeds 1 and 2: 2,851 and 3,399, behind from 30k on). The upside-down plateau is not
 a collapse or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch
 mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward
 per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that
