@@ -134,8 +134,8 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
    adds penalty * the mean over batch and components of (mu before tanh)^2. The TD loss reaches mu
    only through tanh, whose slope is below 0.01 past |3|, so a component driven into the tail gets
    almost no gradient back; the penalty's gradient, 2 penalty (mu before tanh) / (B |A|), grows the
-   further in it is. Measured (issue 13, 5 seeds per row; 0.01 is the one weight run in full, and
-   single-seed pointers at 0.001 and 0.03 on Hopper-v5 did no better; on HalfCheetah-v5 below):
+   further in it is. Measured (issue 13, 5 seeds per row unless it says so; 0.01 is the one weight
+   run in full, and single-seed pointers at 0.001 and 0.03 on Hopper-v5 did no better):
    - Hopper-v5, 100k steps, the zoo's locomotion flags: without the penalty the thigh's mu sat at its
      bound on 95-100% of the greedy policy's steps on every seed (median |mu before tanh| 15-90; RL
      Zoo's TD3 actor: 0-20%), and each seed stood still (a return near 1,000 is 1 per step for
@@ -152,11 +152,12 @@ g. A penalty on mu before tanh, weight 0.01 (`--pre-tanh-penalty`, 0 for the pap
    - HalfCheetah-v5 with the zoo's `naf-halfcheetah`: the penalty keeps mu off the bounds, where RL
      Zoo's TD3 actor spends 40-93% of its steps per component (|u| > 0.99; 4 seeds; NAF 0-10%, at a
      median |mu before tanh| of 0.3-1.9). Freeing mu did not help. At 0 it saturated again (seed 1:
-     |mu before tanh| 17-18, 1,046 at 70k when stopped); 0.001 and 0.03 ended lower on every seed
-     run (3,267 on seed 1; 4,605, 3,864 and 3,618 on seeds 1-3; the preset 5,902, 5,624, 4,383);
-     and a penalty on only the part of |mu before tanh| past 2 (a screening copy, 5 seeds) put
-     components at a bound on up to 82% of steps but ended at 5,486, 3,718, 4,463, 3,772 and 5,980
-     (IQM 4,574 against 5,148). So the bounds are not what keeps NAF below TD3 there.
+     |mu before tanh| 17-18, 1,046 at 70k when stopped). 0.001 was behind on both seeds run (seed 1
+     ended at 3,267; seed 2 at 60k: 2,887 against 4,336; stopped at 65k) and 0.03 ended lower on
+     seeds 1-3 (4,605, 3,864, 3,618; the preset 5,902, 5,624, 4,383). A penalty on only the part of
+     |mu before tanh| past 2 (a screening copy, 5 seeds) put components at a bound on up to 82% of
+     steps but ended at 5,486, 3,718, 4,463, 3,772 and 5,980 (IQM 4,574 against 5,148). So the
+     bounds are not what keeps NAF below TD3 there.
    It does not revive P_11 (deviation f: median 0.000-0.021 at 100k on HalfCheetah with it).
 h. Twin networks, off by default (`--twin-q`; on in the zoo's `naf-halfcheetah`, with TD3's batch of
    256): two NAF networks, initialised apart, each fitted to the same target
