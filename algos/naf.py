@@ -260,8 +260,13 @@ the shared trunk on those seeds 3,120) and ended at 3,150, 4,634, 2,228 and 3,06
 3: 3,954 and 3,328 against 4,071 and 4,333), nor, on the preset, TD3's target smoothing (j: IQM
 4,251), dropping the gradient clip (d: IQM 4,442), letting mu reach the bounds that TD3's actor
 acts at (g: IQM 4,574 with the penalty only past |mu before tanh| 2), or the TD3 authors' learning
-rate, 3e-4 (seeds 1 and 2: 2,851 and 3,399, behind from 30k on). The upside-down plateau is not
-a collapse or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch
+rate, 3e-4 (seeds 1 and 2: 2,851 and 3,399, behind from 30k on). Screened on one or two seeds each,
+none of these ended above the preset on any seed: raw inputs with LayerNorm (5,435 and 3,536 against
+5,902 and 5,624), a learning rate of 2e-3 (seed 1: 3,930), batch 512 (seeds 3 and 5: 4,174 and 2,505
+against 4,383 and 4,266), adaptive parameter-space noise (Plappert et al. 2018; 3,326 and 3,622),
+and TD3's clipped double Q, both networks judged at the acting one's mu (seed 1 saturated mu and
+stood still, at -574 to -595 from 40k until stopped at 60k). The upside-down plateau is not a
+collapse or an overestimate: the 400-unit row's seeds end at >= 98% of their best, and its batch
 mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training episodes' mean reward
 per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs with batch 256 that
 failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the preset's seeds without
