@@ -817,3 +817,25 @@ def test_ou_noise_restarts_with_each_episode(monkeypatch, tmp_path, restore_sign
     # Pendulum ends its episode at step 200; step 201 is the reset step; step 202 is the new episode's first.
     assert np.all(states_in[0] == 0) and np.all(states_in[201] == 0)
     assert np.all(states_in[200] != 0)  # within an episode the state carries over
+
+
+# ---------------------------------------------------------------- the screening copies in results/
+SCREENS = ALGOS.parent / "results" / "issue13-ablations"
+
+
+@pytest.mark.parametrize("name, flags, key, value", [
+    ("naf_margin", ["--pre-tanh-margin", "2"], "pre_tanh_margin", 2.0),
+    ("naf_param", ["--noise", "param", "--layer-norm"], "noise", "param"),
+    ("naf_td3min", ["--twin-q"], "twin_q", True),
+    ("naf_reward_scale", ["--reward-scale", "0.1"], "reward_scale", 0.1),
+])
+def test_screening_patch_applies_to_naf_and_runs(name, flags, key, value, tmp_path):
+    """The results document each screening copy as `patch -o copy.py algos/naf.py < copy.patch`; that must
+    keep working when naf.py's docstring changes (it once broke two patches), and the copy must run with its flag."""
+    copy = tmp_path / f"{name}.py"
+    with open(SCREENS / f"{name}.patch") as patch_file:
+        made = subprocess.run(["patch", "-s", "-o", str(copy), str(ALGOS / "naf.py")], stdin=patch_file, capture_output=True, text=True)
+    assert made.returncode == 0 and not copy.with_suffix(".py.rej").exists(), made.stdout + made.stderr
+    check_ok(run_script(copy, *TINY, *flags, "--run-dir", str(tmp_path / "run"), cwd=tmp_path))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())[key] == value
+    assert (tmp_path / "run" / "summary.json").exists()
