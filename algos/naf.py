@@ -264,21 +264,26 @@ rate, 3e-4 (seeds 1 and 2: 2,851 and 3,399, behind from 30k on). Screened on one
 none of these ended above the preset on any seed: raw inputs with LayerNorm (5,435 and 3,536 against
 5,902 and 5,624), a learning rate of 2e-3 (seed 1: 3,930), batch 512 (seeds 3 and 5: 4,174 and 2,505
 against 4,383 and 4,266), adaptive parameter-space noise (Plappert et al. 2018; seeds 3 and 5: 3,326
-and 3,622), and TD3's clipped double Q, both networks judged at the acting one's mu (seed 1
-saturated mu and stood still, at -574 to -595 from 40k until stopped at 60k). The upside-down
-plateau is not a collapse or an overestimate: the 400-unit row's seeds end at >= 98% of their best,
-and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the training
-episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two runs
-with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800 (the
-preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken off from about 50k and 35k
-steps, and mu was saturated on 98-100% of states: by all appearances the target's maximum, V'(x'),
-fed on itself. TD3's start is not the default: its 10k random steps are half of Pendulum-v1's
-budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c). Why the longer
-random start changes the order was not measured: Gaussian 0.1 after the default 1k random steps
-still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at 1,009, 126,
-214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721 with it (the zoo's
-`naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875). Gaussian
-noise 0.2 instead of 0.1 there (5 seeds): IQM 635, and 3 seeds ended below half their best.
+and 3,622), and TD3's clipped double Q, both networks judged at the acting one's mu (seed 1's
+critic diverged downward from 29k; mu saturated and it stood still, at -574 to -595 from 40k until
+stopped at 60k). Nor did two levers that were each ahead of the preset on one seed and behind on
+another: a tenth of the Q scale (rewards x 0.1 in the target, penalty and clip norm x 0.01 to keep
+their weight; a screening copy; seeds 3 and 5: 3,192 and 4,391 against 4,383 and 4,266) and
+learning from 5k steps rather than 10k (seeds 1, 2, 3 and 5: 2,915, 3,841, 4,718 and 3,983, IQM
+3,912 against 5,004; seed 1's final policy flipped onto its back in 3 of 10 evaluation episodes).
+The upside-down plateau is not a collapse or an overestimate: the 400-unit row's seeds end at >= 98%
+of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the
+training episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two
+runs with batch 256 that failed did diverge: at 100k steps the median V(x) was 13,600 and 40,800
+(the preset's seeds without g: 260-400), the batch mean of Q(x, u) had taken off from about 50k and
+35k steps, and mu was saturated on 98-100% of states: by all appearances the target's maximum,
+V'(x'), fed on itself. TD3's start is not the default: its 10k random steps are half of
+Pendulum-v1's budget, and Gaussian noise 0.1 from the start collapsed Pendulum seeds (deviation c).
+Why the longer random start changes the order was not measured: Gaussian 0.1 after the default 1k
+random steps still ran upside down. On Hopper-v5 (100k steps, 5 seeds) the preset's flags ended at
+1,009, 126, 214, 661 and 110 without g (IQM 333), and at 686, 1,831, 118, 988 and 721 with it (the
+zoo's `naf-hopper`, IQM 798), against RL Zoo's TD3 at 2,355, 422, 605, 1,328 and 690 (IQM 875).
+Gaussian noise 0.2 instead of 0.1 there (5 seeds): IQM 635, and 3 seeds ended below half their best.
 Walker2d-v5 at 100k steps is too short to compare on: RL Zoo's TD3 ended at 237 and 462 (seeds 1 and
 2; its untrained actor scored 314), and NAF's seed 1 at 73 (best 428) with `naf-hopper`'s flags and
 207 (best 318) with `naf-halfcheetah`'s. So is Ant-v5: standing still for its 1,000 steps scores
