@@ -266,11 +266,12 @@ none of these ended above the preset on any seed: raw inputs with LayerNorm (5,4
 against 4,383 and 4,266), adaptive parameter-space noise (Plappert et al. 2018; seeds 3 and 5: 3,326
 and 3,622), and TD3's clipped double Q, both networks judged at the acting one's mu (seed 1's
 critic diverged downward from 29k; mu saturated and it stood still, at -574 to -595 from 40k until
-stopped at 60k). Nor did two levers that were each ahead of the preset on one seed and behind on
-another: a tenth of the Q scale (rewards x 0.1 in the target, penalty and clip norm x 0.01 to keep
-their weight; a screening copy; seeds 3 and 5: 3,192 and 4,391 against 4,383 and 4,266) and
-learning from 5k steps rather than 10k (seeds 1, 2, 3 and 5: 2,915, 3,841, 4,718 and 3,983, IQM
-3,912 against 5,004; seed 1's final policy flipped onto its back in 3 of 10 evaluation episodes).
+stopped at 60k). Nor did levers that were ahead of the preset on one seed or for a stretch: a
+tenth of the Q scale (rewards x 0.1 in the target, penalty and clip norm x 0.01 to keep their
+weight; a screening copy; seeds 3 and 5: 3,192 and 4,391 against 4,383 and 4,266), learning from 5k
+steps rather than 10k (seeds 1, 2, 3 and 5: 2,915, 3,841, 4,718 and 3,983, IQM 3,912 against 5,004;
+seed 1's final policy flipped onto its back in 3 of 10 evaluation episodes), and from 20k (seeds 3
+and 5: ahead from 50k or 60k to 90k, then 2,654 and 3,812; seed 3 on its back in 9 of 10 episodes).
 The upside-down plateau is not a collapse or an overestimate: the 400-unit row's seeds end at >= 98%
 of their best, and its batch mean of Q(x, u) over the last 10k steps (117-136) is within 6% of the
 training episodes' mean reward per step held forever (return / 1000 / (1 - gamma): 111-133). The two
