@@ -823,6 +823,42 @@ def test_ou_noise_restarts_with_each_episode(monkeypatch, tmp_path, restore_sign
 SCREENS = ALGOS.parent / "results" / "issue13-ablations"
 
 
+def screening_copy(name: str, tmp_path: Path) -> Path:
+    """`patch -o <name>.py algos/naf.py < <name>.patch`, as the results document it; fails if any hunk is refused."""
+    copy = tmp_path / f"{name}.py"
+    with open(SCREENS / f"{name}.patch") as patch_file:
+        made = subprocess.run(["patch", "-s", "-o", str(copy), str(ALGOS / "naf.py")], stdin=patch_file, capture_output=True, text=True)
+    assert made.returncode == 0 and not copy.with_suffix(".py.rej").exists(), made.stdout + made.stderr
+    return copy
+
+
+def import_copy(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look the module up while @dataclass runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def target_inputs(module, monkeypatch) -> list[tuple]:
+    """Record the (r, terminated, V_next, gamma) each call of the module's naf_loss hands to td_target."""
+    seen, real = [], module.td_target
+    monkeypatch.setattr(module, "td_target", lambda *a: seen.append(a) or real(*a))
+    return seen
+
+
+def twin_batch(module, obs_dim=4, act_dim=3, n=8):
+    """Two target networks with far-from-flat quadratics and a random batch."""
+    torch.manual_seed(0)
+    targets = [module.NAFNetwork(obs_dim, act_dim, 16) for _ in range(2)]
+    with torch.no_grad():
+        for target in targets:
+            target.l_head.weight.mul_(5.0)
+    batch = {"obs": torch.randn(n, obs_dim), "actions": torch.rand(n, act_dim) * 2 - 1, "rewards": torch.randn(n),
+             "next_obs": torch.randn(n, obs_dim), "terminated": torch.zeros(n)}
+    return targets, batch
+
+
 @pytest.mark.parametrize("name, flags, key, value", [
     ("naf_margin", ["--pre-tanh-margin", "2"], "pre_tanh_margin", 2.0),
     ("naf_param", ["--noise", "param", "--layer-norm"], "noise", "param"),
@@ -832,10 +868,38 @@ SCREENS = ALGOS.parent / "results" / "issue13-ablations"
 def test_screening_patch_applies_to_naf_and_runs(name, flags, key, value, tmp_path):
     """The results document each screening copy as `patch -o copy.py algos/naf.py < copy.patch`; that must
     keep working when naf.py's docstring changes (it once broke two patches), and the copy must run with its flag."""
-    copy = tmp_path / f"{name}.py"
-    with open(SCREENS / f"{name}.patch") as patch_file:
-        made = subprocess.run(["patch", "-s", "-o", str(copy), str(ALGOS / "naf.py")], stdin=patch_file, capture_output=True, text=True)
-    assert made.returncode == 0 and not copy.with_suffix(".py.rej").exists(), made.stdout + made.stderr
+    copy = screening_copy(name, tmp_path)
     check_ok(run_script(copy, *TINY, *flags, "--run-dir", str(tmp_path / "run"), cwd=tmp_path))
     assert json.loads((tmp_path / "run" / "config.json").read_text())[key] == value
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_td3min_copy_judges_both_targets_at_the_acting_targets_mu(tmp_path, monkeypatch):
+    """naf_td3min's V_next is min_i Q'_i(x', mu'_0(x')), against a NumPy quadratic form; where the two mu's
+    differ it lies below naf.py's min_i V'_i(x')."""
+    copy = import_copy(screening_copy("naf_td3min", tmp_path))
+    targets, batch = twin_batch(copy)
+    with torch.no_grad():  # V'_0 > V'_1 everywhere, so naf.py's target would be V'_1 and the twin's term decides
+        targets[0].v_head.bias.add_(10.0)
+    seen = target_inputs(copy, monkeypatch)
+    copy.naf_loss([copy.NAFNetwork(4, 3, 16)], targets, batch, 0.99)
+    with torch.no_grad():
+        outs = [[t.numpy() for t in target(batch["next_obs"])[:3]] for target in targets]  # V, mu, L
+    mu0 = outs[0][1]
+    q_at_mu0 = [V - 0.5 * np.einsum("bj,bjk,bk->b", mu0 - mu, L @ L.transpose(0, 2, 1), mu0 - mu) for V, mu, L in outs]
+    V_next = seen[0][2].numpy()
+    np.testing.assert_allclose(V_next, np.minimum(*q_at_mu0), rtol=1e-5, atol=1e-5)
+    assert (V_next < np.minimum(outs[0][0], outs[1][0]) - 1e-3).all()  # the twin judged at mu'_0, not at its own maximum
+
+
+def test_reward_scale_copy_scales_the_reward_in_the_target_from_its_flag(tmp_path, monkeypatch, restore_signals):
+    """naf_reward_scale's train() takes --reward-scale into the target (not only from the command line), and the
+    target sees c * r while the replayed rewards stay raw."""
+    copy = import_copy(screening_copy("naf_reward_scale", tmp_path))
+    copy.train(copy.Args(total_steps=60, learning_starts=40, batch_size=8, hidden_dim=16, eval_episodes=1, eval_interval=0,
+                         checkpoint_interval=0, reward_scale=0.1, run_dir=str(tmp_path / "run")))
+    assert copy.REWARD_SCALE == 0.1
+    targets, batch = twin_batch(copy)
+    seen = target_inputs(copy, monkeypatch)
+    copy.naf_loss([copy.NAFNetwork(4, 3, 16)], targets, batch, 0.99)
+    torch.testing.assert_close(seen[0][0], 0.1 * batch["rewards"], rtol=0, atol=0)
