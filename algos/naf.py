@@ -249,8 +249,8 @@ from 0.1 to 0.05 over the run, for 0.1's middle and 0.05's end, ended behind (se
 4,802, 3,396, 4,142, 4,713 against 5,902, 5,624, 4,383, 4,266). Four more seeds on each side
 widened the gap: NAF ended at 5,074, 4,260, 3,400 and 3,440 (seeds 6-9), TD3 at 4,772, 5,333,
 5,649 and 5,326. Over seeds 1-7 the IQM was 4,957 against 5,306 (93%; a bootstrap's 95% interval
-of the difference: -1,104 to +629); over seeds 1-9 it is 4,684 against 5,373 (87%; interval -1,584
-to +230, NAF ahead in 7% of resamples), so at this budget NAF is more likely behind TD3 than level.
+of the difference: -1,104 to +629); over seeds 1-9 it was 4,684 against 5,373 (87%; interval -1,584
+to +230, NAF ahead in 7% of resamples), so at this budget NAF looked more likely behind TD3 than level.
 Five more on each side settle it: NAF ended at 5,103, 5,326, 3,151, 1,809 and 4,348 (seeds 10-14;
 seed 13 on its back in six of ten evaluation episodes), TD3 at 4,942, 5,219, 4,355, 6,407 and 5,044.
 Over seeds 1-14 the IQM is 4,525 against 5,259 (86%; Welch's t-test p = 0.029; bootstrap interval
