@@ -16,13 +16,29 @@ from typing import Annotated, Literal
 
 import tyro
 
-from .backends import Callbacks, Machine, fail_before_running, local_gpus, physical_memory_gb, run_local, run_ray
+from .backends import (
+    Callbacks,
+    Machine,
+    fail_before_running,
+    local_gpus,
+    physical_memory_gb,
+    run_local,
+    run_ray,
+)
 from .compare import compare, load_sweep
 from .dqn_memory import measure
 from .manifest import Mode, Preset, ZooError, load_zoo
 from .progress import Progress
 from .report import collect, load_committed, report_sweep, update_readme
-from .runner import build_datasets, finished_ok, open_sweep, plan_jobs, relative, write_atomic, write_json
+from .runner import (
+    build_datasets,
+    finished_ok,
+    open_sweep,
+    plan_jobs,
+    relative,
+    write_atomic,
+    write_json,
+)
 
 
 @dataclass
@@ -179,10 +195,17 @@ def _matches(value: str, patterns: tuple[str, ...]) -> bool:
 
 
 def select(presets: dict[str, Preset], sweep: Selection) -> list[Preset]:
-    chosen = [p for p in presets.values()
-              if _matches(p.name, sweep.preset) and _matches(p.algo, sweep.algo) and _matches(p.env_id, sweep.env)]
+    chosen = [
+        p
+        for p in presets.values()
+        if _matches(p.name, sweep.preset)
+        and _matches(p.algo, sweep.algo)
+        and _matches(p.env_id, sweep.env)
+    ]
     if not chosen:
-        raise ZooError("no preset matches --preset/--algo/--env; the zoo has: " + ", ".join(presets))
+        raise ZooError(
+            "no preset matches --preset/--algo/--env; the zoo has: " + ", ".join(presets)
+        )
     return chosen
 
 
@@ -190,7 +213,11 @@ def covers_zoo(results: dict, presets: dict[str, Preset]) -> bool:
     """Whether a sweep holds a run for every seed of every preset's full budget, the condition
     for it to become results/latest (the README's table), so a filtered sweep cannot replace it."""
     done = {(r["preset"], r["seed"]) for r in results["runs"]}
-    return all((p.name, seed) in done for p in presets.values() for seed in range(1, p.budget("full").seeds + 1))
+    return all(
+        (p.name, seed) in done
+        for p in presets.values()
+        for seed in range(1, p.budget("full").seeds + 1)
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -199,8 +226,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def command_line(argv: list[str]) -> str:
     """The command as the sweep records it: absolute paths made relative to the repository."""
+
     def rel(arg: str) -> str:
-        flag, eq, value = arg.rpartition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        flag, eq, value = (
+            arg.rpartition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        )
         return flag + eq + (relative(value) if os.path.isabs(value) else value)
 
     return "python -m benchmark " + shlex.join(map(rel, argv))
@@ -225,33 +255,66 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     sweep_dir = sweep.runs_dir / name
     full = sweep if isinstance(sweep, Full) else None
     budget = {"steps_scale": full.steps_scale, "total_steps": full.total_steps} if full else {}
-    if sweep.workers < 1 or sweep.timeout_scale <= 0 or (full and (full.steps_scale <= 0 or (full.seeds or 1) < 1)):
+    if (
+        sweep.workers < 1
+        or sweep.timeout_scale <= 0
+        or (full and (full.steps_scale <= 0 or (full.seeds or 1) < 1))
+    ):
         raise ZooError("--workers, --seeds, --steps-scale and --timeout-scale must be positive")
-    if (sweep.memory_gb is not None and sweep.memory_gb <= 0) or (sweep.gpus or 0) < 0 or sweep.sync_interval_s <= 0:
+    if (
+        (sweep.memory_gb is not None and sweep.memory_gb <= 0)
+        or (sweep.gpus or 0) < 0
+        or sweep.sync_interval_s <= 0
+    ):
         raise ZooError("--memory-gb and --sync-interval-s must be positive, --gpus at least 0")
     requirements = _requirements(sweep)
     open_sweep(sweep_dir, mode, budget, command, chosen)
-    jobs = plan_jobs(chosen, mode, sweep_dir, seeds=full.seeds if full else None,
-                     steps_scale=full.steps_scale if full else 1.0, total_steps=full.total_steps if full else None,
-                     timeout_scale=sweep.timeout_scale)
+    jobs = plan_jobs(
+        chosen,
+        mode,
+        sweep_dir,
+        seeds=full.seeds if full else None,
+        steps_scale=full.steps_scale if full else 1.0,
+        total_steps=full.total_steps if full else None,
+        timeout_scale=sweep.timeout_scale,
+    )
     todo = [job for job in jobs if not finished_ok(job)]
-    print(f"sweep {name}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished; "
-          f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)", flush=True)
+    print(
+        f"sweep {name}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished; "
+        f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)",
+        flush=True,
+    )
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a preempted driver stops its runs too
     try:
         # Once per distinct dataset, here, before any run: with Ray, before submitting (see build_datasets).
-        unbuilt = build_datasets([p for p in chosen if any(job.preset is p for job in todo)], sweep.algos_dir,
-                                 sweep_dir / "datasets.log", ray=sweep.backend == "ray")
-        with Progress(todo, len(jobs) - len(todo), sweep.workers, sweep.progress_interval_s) as progress:
+        unbuilt = build_datasets(
+            [p for p in chosen if any(job.preset is p for job in todo)],
+            sweep.algos_dir,
+            sweep_dir / "datasets.log",
+            ray=sweep.backend == "ray",
+        )
+        with Progress(
+            todo, len(jobs) - len(todo), sweep.workers, sweep.progress_interval_s
+        ) as progress:
             calls = Callbacks(progress.started, progress.progressed, progress.finished)
             todo = fail_before_running(todo, unbuilt, sweep.algos_dir, calls)
             if sweep.backend == "ray":
-                run_ray(todo, address=sweep.ray_address, local_cpus=sweep.workers, algos_dir=sweep.algos_dir,
-                        repo=sweep.algos_dir, storage=sweep.storage, requirements=requirements,
-                        sync_s=sweep.sync_interval_s, calls=calls)
+                run_ray(
+                    todo,
+                    address=sweep.ray_address,
+                    local_cpus=sweep.workers,
+                    algos_dir=sweep.algos_dir,
+                    repo=sweep.algos_dir,
+                    storage=sweep.storage,
+                    requirements=requirements,
+                    sync_s=sweep.sync_interval_s,
+                    calls=calls,
+                )
             else:
                 gpus = local_gpus() if sweep.gpus is None else sweep.gpus
-                machine = Machine(sweep.workers, sweep.memory_gb or physical_memory_gb(), [1.0] * gpus)
+                machine = Machine(
+                    sweep.workers, sweep.memory_gb or physical_memory_gb(), [1.0] * gpus
+                )
                 run_local(todo, machine, sweep.algos_dir, calls)
     except KeyboardInterrupt:
         print(f"interrupted; re-run with --name {name} to resume", file=sys.stderr)
@@ -265,11 +328,15 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
         if covers_zoo(results, presets):
             write_json(full.results_dir / "latest", {"sweep": name})
         else:
-            print("results/latest unchanged: this sweep does not yet hold every preset's full seeds "
-                  f"(run the rest under --name {name} to complete it)")
+            print(
+                "results/latest unchanged: this sweep does not yet hold every preset's full seeds "
+                f"(run the rest under --name {name} to complete it)"
+            )
     print(f"report: {out_dir / 'report.md'}")
     failed = [r for r in results["runs"] if r["preset"] in names and r["status"] != "ok"]
-    missed = [n for n, p in results["presets"].items() if n in names and p["target"]["status"] == "missed"]
+    missed = [
+        n for n, p in results["presets"].items() if n in names and p["target"]["status"] == "missed"
+    ]
     for n in missed:
         print(f"target missed: {n}: {results['presets'][n]['target']['text']}")
     return 1 if failed or missed else 0
@@ -297,8 +364,10 @@ def rebuild_report(args: Report) -> int:
 
 
 def run_compare(args: Compare) -> int:
-    lines, worse = compare(load_sweep(args.a, args.results_dir, args.runs_dir),
-                           load_sweep(args.b, args.results_dir, args.runs_dir))
+    lines, worse = compare(
+        load_sweep(args.a, args.results_dir, args.runs_dir),
+        load_sweep(args.b, args.results_dir, args.runs_dir),
+    )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out is not None:
@@ -310,8 +379,20 @@ def run_compare(args: Compare) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     command = tyro.extras.subcommand_cli_from_dict(
-        {"smoke": Smoke, "full": Full, "datasets": Datasets, "report": Report, "readme": Readme, "compare": Compare,
-         "dqn-memory": DqnMemory, "ensemble-speed": EnsembleSpeed}, prog="python -m benchmark", args=argv, description=__doc__)
+        {
+            "smoke": Smoke,
+            "full": Full,
+            "datasets": Datasets,
+            "report": Report,
+            "readme": Readme,
+            "compare": Compare,
+            "dqn-memory": DqnMemory,
+            "ensemble-speed": EnsembleSpeed,
+        },
+        prog="python -m benchmark",
+        args=argv,
+        description=__doc__,
+    )
     line = command_line(sys.argv[1:] if argv is None else argv)
     try:
         if isinstance(command, Full):
@@ -330,8 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(command, EnsembleSpeed):
             from . import ensemble_speed  # torch only for this subcommand
 
-            ensemble_speed.measure(command.hidden, command.batch, command.updates, command.rounds, command.device,
-                                   command.threads, command.script)
+            ensemble_speed.measure(
+                command.hidden,
+                command.batch,
+                command.updates,
+                command.rounds,
+                command.device,
+                command.threads,
+                command.script,
+            )
             return 0
         update_readme(command.readme, command.results_dir)
         print(f"updated {command.readme}")

@@ -28,7 +28,8 @@ Definitions (stated in every report):
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -54,8 +55,15 @@ def _bootstrap(samples: Sequence[Sequence[float]], statistic: Any) -> tuple[floa
     arrays = tuple(np.asarray(s, dtype=float) for s in samples)
     if not arrays or min(len(a) for a in arrays) < MIN_SEEDS_FOR_CI:
         return None
-    result = stats.bootstrap(arrays, statistic, n_resamples=BOOTSTRAP_REPS, confidence_level=0.95,
-                             method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED), vectorized=True)
+    result = stats.bootstrap(
+        arrays,
+        statistic,
+        n_resamples=BOOTSTRAP_REPS,
+        confidence_level=0.95,
+        method="percentile",
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
+        vectorized=True,
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -73,7 +81,9 @@ def _poi(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(per_task, axis=0)
 
 
-def probability_of_improvement(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict[str, Any]:
+def probability_of_improvement(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+) -> dict[str, Any]:
     """P(B > A) over tasks given (scores_b, scores_a) per task, and its 95 % interval (None
     when a task has fewer than MIN_SEEDS_FOR_CI seeds on either side)."""
     samples = [np.asarray(s, dtype=float) for pair in pairs for s in pair]
@@ -134,8 +144,12 @@ def holds(record: dict[str, Any], fraction: float) -> bool | None:
     return best > 0 and evals[-1] >= fraction * best
 
 
-def check_target(target: Target | None, scores: Sequence[float | None], not_applicable: str | None,
-                 held: Sequence[bool | None] | None = None) -> dict[str, Any]:
+def check_target(
+    target: Target | None,
+    scores: Sequence[float | None],
+    not_applicable: str | None,
+    held: Sequence[bool | None] | None = None,
+) -> dict[str, Any]:
     """Whether a preset met its target. `scores` has one entry per seed, None for a failed run
     (which counts as a miss); `held` (for a target with `hold`) says per seed whether its last
     evaluation kept `hold` of its best, None or False being a miss; `not_applicable` says why the
@@ -152,11 +166,21 @@ def check_target(target: Target | None, scores: Sequence[float | None], not_appl
     complete = bool(done) and len(done) == len(scores)
     mean = float(np.mean(done)) if done else None
     centre = iqm(done) if done else None
-    met = (passed >= target.at_least
-           and (target.mean_min is None or (complete and mean >= target.mean_min))
-           and (target.iqm_min is None or (complete and centre >= target.iqm_min)))
-    return {"status": "met" if met else "missed", "text": target.text, "passed_seeds": passed,
-            "needed_seeds": target.at_least, "of": target.of, "mean": mean, "iqm": centre, "iqm_min": target.iqm_min}
+    met = (
+        passed >= target.at_least
+        and (target.mean_min is None or (complete and mean >= target.mean_min))
+        and (target.iqm_min is None or (complete and centre >= target.iqm_min))
+    )
+    return {
+        "status": "met" if met else "missed",
+        "text": target.text,
+        "passed_seeds": passed,
+        "needed_seeds": target.at_least,
+        "of": target.of,
+        "mean": mean,
+        "iqm": centre,
+        "iqm_min": target.iqm_min,
+    }
 
 
 def score_stats(scores: Sequence[float]) -> dict[str, Any]:
@@ -166,8 +190,13 @@ def score_stats(scores: Sequence[float]) -> dict[str, Any]:
         return {"n": 0, "mean": None, "std": None, "iqm": None, "iqm_ci95": None}
     values = np.asarray(scores, dtype=float)
     ci = iqm_ci(values)
-    return {"n": len(values), "mean": float(values.mean()), "std": float(values.std()),
-            "iqm": iqm(values), "iqm_ci95": list(ci) if ci else None}
+    return {
+        "n": len(values),
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "iqm": iqm(values),
+        "iqm_ci95": list(ci) if ci else None,
+    }
 
 
 def normalise(score: float, random: float, reference: float) -> float:

@@ -27,15 +27,30 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import provenance
 from .manifest import ZooError
-from .runner import (ATTEMPTS_NAME, CHECKPOINT, KILL_GRACE_S, LOG_NAME, RECORD_NAME, Job, check_run, execute,
-                     make_record, now, prepare_run_dir, relative, start_attempt, stop_all)
+from .runner import (
+    ATTEMPTS_NAME,
+    CHECKPOINT,
+    KILL_GRACE_S,
+    LOG_NAME,
+    RECORD_NAME,
+    Job,
+    check_run,
+    execute,
+    make_record,
+    now,
+    prepare_run_dir,
+    relative,
+    start_attempt,
+    stop_all,
+)
 
 OnStart = Callable[[Job, str], None]
 OnProgress = Callable[[Job, "tuple[int, int] | None"], None]
@@ -70,7 +85,7 @@ class Machine:
         elif gpus < 1:
             ids = [i for i, free in enumerate(self.gpus) if free >= gpus - 1e-9][:1]
         else:
-            ids = [i for i, free in enumerate(self.gpus) if free >= 1 - 1e-9][:math.ceil(gpus)]
+            ids = [i for i, free in enumerate(self.gpus) if free >= 1 - 1e-9][: math.ceil(gpus)]
         if gpus and len(ids) < max(1, math.ceil(gpus)):
             return None
         self.cpus -= cpus
@@ -92,7 +107,11 @@ def local_gpus() -> int:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+    return (
+        sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+        if out.returncode == 0
+        else 0
+    )
 
 
 def physical_memory_gb() -> float:
@@ -120,7 +139,9 @@ def unfit(job: Job, cpus: float, memory_gb: float, gpus: float, where: str) -> s
     return None
 
 
-def _failed(job: Job, reason: str, code: dict[str, Any], keep_checkpoint: bool = False) -> dict[str, Any]:
+def _failed(
+    job: Job, reason: str, code: dict[str, Any], keep_checkpoint: bool = False
+) -> dict[str, Any]:
     """Record a run that fails before it starts; `keep_checkpoint`: a checkpoint of an earlier
     attempt stays for the next invocation (the run did not get its chance)."""
     if keep_checkpoint and (job.run_dir / CHECKPOINT).is_file():
@@ -128,12 +149,23 @@ def _failed(job: Job, reason: str, code: dict[str, Any], keep_checkpoint: bool =
             (job.run_dir / name).unlink(missing_ok=True)
     else:
         prepare_run_dir(job, resume=False)
-    checked = check_run(job, job.run_dir, {"returncode": None, "timed_out": False, "wall_time_s": None,
-                                           "timeout_s": job.timeout_s, "error": reason})
+    checked = check_run(
+        job,
+        job.run_dir,
+        {
+            "returncode": None,
+            "timed_out": False,
+            "wall_time_s": None,
+            "timeout_s": job.timeout_s,
+            "error": reason,
+        },
+    )
     return make_record(job, checked, job.command(), {**code, "host": None})
 
 
-def fail_before_running(jobs: list[Job], reasons: dict[str, str], repo: Path, calls: Callbacks) -> list[Job]:
+def fail_before_running(
+    jobs: list[Job], reasons: dict[str, str], repo: Path, calls: Callbacks
+) -> list[Job]:
     """Record as failed the jobs whose preset has a reason in `reasons` (by preset name: its dataset
     was not built), keeping their checkpoints; return the others."""
     code = provenance.code_version(repo) if any(job.preset.name in reasons for job in jobs) else {}
@@ -154,8 +186,11 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
     cancelled = threading.Event()
 
     def run(job: Job) -> dict[str, Any] | None:
-        request = (min(math.ceil(job.preset.num_cpus), total_cpus), job.memory_gb,
-                   job.preset.num_gpus if has_gpus else 0)
+        request = (
+            min(math.ceil(job.preset.num_cpus), total_cpus),
+            job.memory_gb,
+            job.preset.num_gpus if has_gpus else 0,
+        )
         with turn:
             while not cancelled.is_set() and (ids := machine.take(*request)) is None:
                 turn.wait()
@@ -167,11 +202,23 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
             ckpt = prepare_run_dir(job)
             start_attempt(job.run_dir, code)
             env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} if has_gpus else {}
-            result = execute(job.command(ckpt), Path.cwd(), job.run_dir / LOG_NAME, job.timeout_s, _threads(job),
-                             env, lambda progress: calls.on_progress(job, progress))
+            result = execute(
+                job.command(ckpt),
+                Path.cwd(),
+                job.run_dir / LOG_NAME,
+                job.timeout_s,
+                _threads(job),
+                env,
+                lambda progress: calls.on_progress(job, progress),
+            )
             host = provenance.run_host(job.run_dir, {**os.environ, **env})
-            return make_record(job, check_run(job, job.run_dir, result), job.command(ckpt), {**code, **host},
-                               resumed=ckpt is not None)
+            return make_record(
+                job,
+                check_run(job, job.run_dir, result),
+                job.command(ckpt),
+                {**code, **host},
+                resumed=ckpt is not None,
+            )
         finally:
             with turn:
                 machine.give(*request, ids)
@@ -179,7 +226,9 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
 
     runnable = []
     for job in jobs:
-        reason = unfit(job, math.inf, memory, len(machine.gpus), "this machine (--memory-gb, --gpus)")
+        reason = unfit(
+            job, math.inf, memory, len(machine.gpus), "this machine (--memory-gb, --gpus)"
+        )
         if reason:
             calls.on_start(job, "local")
             calls.on_finish(_failed(job, reason, provenance.code_version(repo)))
@@ -254,8 +303,9 @@ def _tell(events: Any, event: tuple[str, str, Any]) -> None:
         pass
 
 
-def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, events: Any,
-             code: dict[str, Any]) -> dict[str, Any]:
+def ray_task(
+    job: Job, argv: list[str], storage: str | None, sync_s: float, events: Any, code: dict[str, Any]
+) -> dict[str, Any]:
     """On a Ray worker, in the algorithms folder the job shipped: run the algorithm in a temporary
     folder (from its stored copy and checkpoint, if any), keep the stored copy current, and return
     the result, the host's provenance and the run's outputs (without checkpoints) as a tar archive."""
@@ -266,14 +316,23 @@ def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, even
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
         run_dir = Path(tmp) / "run"
         stored = Storage(storage) if storage else None
-        resumed = stored is not None and stored.restore(run_dir) and (run_dir / CHECKPOINT).is_file()
+        resumed = (
+            stored is not None and stored.restore(run_dir) and (run_dir / CHECKPOINT).is_file()
+        )
         run_dir.mkdir(exist_ok=True)
-        for name in ("summary.json", RECORD_NAME, *(() if resumed else (ATTEMPTS_NAME,))):  # not this attempt's
+        for name in (
+            "summary.json",
+            RECORD_NAME,
+            *(() if resumed else (ATTEMPTS_NAME,)),
+        ):  # not this attempt's
             (run_dir / name).unlink(missing_ok=True)
         start_attempt(run_dir, code)
         with open(run_dir / LOG_NAME, "a") as log:
-            log.write(f"\n--- attempt on node {node[:12]} ({platform.node()}) at {now()}"
-                      + (f", resumed from {storage}/{CHECKPOINT.as_posix()}" if resumed else "") + " ---\n")
+            log.write(
+                f"\n--- attempt on node {node[:12]} ({platform.node()}) at {now()}"
+                + (f", resumed from {storage}/{CHECKPOINT.as_posix()}" if resumed else "")
+                + " ---\n"
+            )
         _tell(events, ("start", job.key, f"{platform.node()}:{node[:8]}"))
         last_sync = time.monotonic()
 
@@ -286,8 +345,14 @@ def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, even
 
         resume = ["--resume", f"run/{CHECKPOINT.as_posix()}"] if resumed else []
         try:
-            result = execute([str(script), *argv, *resume], Path(tmp), run_dir / LOG_NAME, job.timeout_s,
-                             _threads(job), on_poll=poll)
+            result = execute(
+                [str(script), *argv, *resume],
+                Path(tmp),
+                run_dir / LOG_NAME,
+                job.timeout_s,
+                _threads(job),
+                on_poll=poll,
+            )
         finally:
             if stored is not None:
                 stored.upload(run_dir)
@@ -301,12 +366,25 @@ def ray_task(job: Job, argv: list[str], storage: str | None, sync_s: float, even
 def _cluster_limits(ray: Any) -> tuple[float, float, float]:
     """The largest CPU, memory (GB) and GPU amounts any one live node offers."""
     nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-    return (max((n.get("CPU", 0) for n in nodes), default=0), max((n.get("memory", 0) for n in nodes), default=0) / 1e9,
-            max((n.get("GPU", 0) for n in nodes), default=0))
+    return (
+        max((n.get("CPU", 0) for n in nodes), default=0),
+        max((n.get("memory", 0) for n in nodes), default=0) / 1e9,
+        max((n.get("GPU", 0) for n in nodes), default=0),
+    )
 
 
-def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir: Path, repo: Path,
-            storage: str | None, requirements: Path | None, sync_s: float, calls: Callbacks) -> None:
+def run_ray(
+    jobs: list[Job],
+    *,
+    address: str | None,
+    local_cpus: int,
+    algos_dir: Path,
+    repo: Path,
+    storage: str | None,
+    requirements: Path | None,
+    sync_s: float,
+    calls: Callbacks,
+) -> None:
     """One Ray task per run, with the preset's CPU, GPU and memory request, in a Ray job this
     function starts (on the cluster at `address`, else on a local instance with `local_cpus`
     CPUs) so that the job carries the code: Ray accepts folders to upload only for a whole job.
@@ -319,15 +397,28 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
     import benchmark
 
     if ray.is_initialized():
-        raise ZooError("Ray is already initialized in this process; the runner starts its own Ray job, which "
-                       "ships the code: call ray.shutdown() first")
-    runtime_env: dict[str, Any] = {"working_dir": str(algos_dir), "py_modules": [str(Path(benchmark.__file__).parent)],
-                                   "excludes": ["__pycache__", "*.pyc"]}
+        raise ZooError(
+            "Ray is already initialized in this process; the runner starts its own Ray job, which "
+            "ships the code: call ray.shutdown() first"
+        )
+    runtime_env: dict[str, Any] = {
+        "working_dir": str(algos_dir),
+        "py_modules": [str(Path(benchmark.__file__).parent)],
+        "excludes": ["__pycache__", "*.pyc"],
+    }
     if requirements is not None:
-        runtime_env["pip"] = [line.strip() for line in requirements.read_text().splitlines()
-                              if line.strip() and not line.lstrip().startswith("#")]
-    ray.init(address=address, num_cpus=None if address else local_cpus, include_dashboard=False,
-             log_to_driver=False, runtime_env=runtime_env)
+        runtime_env["pip"] = [
+            line.strip()
+            for line in requirements.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    ray.init(
+        address=address,
+        num_cpus=None if address else local_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=runtime_env,
+    )
     if storage and "://" not in storage:
         storage = str(Path(storage).resolve())  # the workers run in their own folders
     code = provenance.code_version(repo)
@@ -347,10 +438,17 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
                 calls.on_finish(_failed(job, reason, code))
                 continue
             prepare_run_dir(job, resume=False)  # the outputs come back from the worker
-            options = {"num_cpus": job.preset.num_cpus, "num_gpus": job.preset.num_gpus if gpus else 0,
-                       "memory": int(job.memory_gb * 1e9), "max_retries": RAY_RETRIES}
-            stored = f"{storage.rstrip('/')}/{job.run_dir.parent.parent.name}/{job.preset.name}/seed{job.seed}" \
-                if storage else None
+            options = {
+                "num_cpus": job.preset.num_cpus,
+                "num_gpus": job.preset.num_gpus if gpus else 0,
+                "memory": int(job.memory_gb * 1e9),
+                "max_retries": RAY_RETRIES,
+            }
+            stored = (
+                f"{storage.rstrip('/')}/{job.run_dir.parent.parent.name}/{job.preset.name}/seed{job.seed}"
+                if storage
+                else None
+            )
             argv = job.argv("unused", "run")[1:]
             pending[task.options(**options).remote(job, argv, stored, sync_s, events, code)] = job
         while pending:
@@ -369,12 +467,24 @@ def run_ray(jobs: list[Job], *, address: str | None, local_cpus: int, algos_dir:
                     result, host, resumed = out["result"], out["host"], out["resumed"]
                 except ray.exceptions.RayError as e:
                     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                    result = {"returncode": None, "timed_out": False, "wall_time_s": None,
-                              "timeout_s": job.timeout_s, "error": f"Ray task failed: {first_line}"}
+                    result = {
+                        "returncode": None,
+                        "timed_out": False,
+                        "wall_time_s": None,
+                        "timeout_s": job.timeout_s,
+                        "error": f"Ray task failed: {first_line}",
+                    }
                     host, resumed = {"host": None}, False
                 command = job.command(relative(job.run_dir / CHECKPOINT) if resumed else None)
-                calls.on_finish(make_record(job, check_run(job, job.run_dir, result), command, {**code, **host},
-                                            resumed=resumed))
+                calls.on_finish(
+                    make_record(
+                        job,
+                        check_run(job, job.run_dir, result),
+                        command,
+                        {**code, **host},
+                        resumed=resumed,
+                    )
+                )
     except BaseException:
         # Ctrl-C or SIGTERM: cancelled tasks get KeyboardInterrupt, which stops their runs with
         # SIGTERM (checkpoint, copy to storage); force-cancel what has not stopped by then.

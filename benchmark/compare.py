@@ -9,7 +9,15 @@ from typing import Any
 
 from . import aggregate
 from .manifest import ZooError, presets_from_tables
-from .report import _efficiency, _interval, _seeds, build_results, collect, load_committed, provenance_line
+from .report import (
+    _efficiency,
+    _interval,
+    _seeds,
+    build_results,
+    collect,
+    load_committed,
+    provenance_line,
+)
 
 
 def load_sweep(name: str, results_dir: Path, runs_dir: Path) -> dict[str, Any]:
@@ -33,18 +41,31 @@ def _verdict(ci: tuple[float, float] | None) -> str:
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The comparison as Markdown lines, and the presets where B is worse than A with 95 % confidence."""
-    results = [build_results(s, presets_from_tables(s["manifest"], Path("algos"), check_scripts=False)) for s in (a, b)]
+    results = [
+        build_results(s, presets_from_tables(s["manifest"], Path("algos"), check_scripts=False))
+        for s in (a, b)
+    ]
     common = [name for name in results[0]["presets"] if name in results[1]["presets"]]
     if not common:
         raise ZooError(f"sweeps {a['meta']['sweep']!r} and {b['meta']['sweep']!r} share no preset")
 
     def scores(i: int, name: str) -> list[float]:
-        return [r["summary"]["eval_mean"] for r in results[i]["runs"] if r["preset"] == name and r["status"] == "ok"]
+        return [
+            r["summary"]["eval_mean"]
+            for r in results[i]["runs"]
+            if r["preset"] == name and r["status"] == "ok"
+        ]
 
-    lines = [f"# `{a['meta']['sweep']}` (A) vs `{b['meta']['sweep']}` (B)", "",
-             f"- A: {provenance_line(results[0]['provenance'])}", f"- B: {provenance_line(results[1]['provenance'])}", "",
-             "| preset | seeds A / B | IQM A [95% CI] | IQM B [95% CI] | P(B > A) [95% CI] | verdict "
-             "| sample efficiency A / B |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# `{a['meta']['sweep']}` (A) vs `{b['meta']['sweep']}` (B)",
+        "",
+        f"- A: {provenance_line(results[0]['provenance'])}",
+        f"- B: {provenance_line(results[1]['provenance'])}",
+        "",
+        "| preset | seeds A / B | IQM A [95% CI] | IQM B [95% CI] | P(B > A) [95% CI] | verdict "
+        "| sample efficiency A / B |",
+        "|---|---|---|---|---|---|---|",
+    ]
     worse, pairs = [], []
     for name in common:
         pa, pb = results[0]["presets"][name], results[1]["presets"][name]
@@ -60,14 +81,22 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]
             worse += [name] if cells[1] == "**B worse**" else []
         else:
             cells = ["—", "n/a (no finished seed)"]
-        lines.append(f"| {name_cell} | {_seeds(pa)} / {_seeds(pb)} | "
-                     f"{_interval(pa['eval_mean']['iqm'], pa['eval_mean']['iqm_ci95'])} | "
-                     f"{_interval(pb['eval_mean']['iqm'], pb['eval_mean']['iqm_ci95'])} | {' | '.join(cells)} | "
-                     f"{_efficiency(pa['sample_efficiency'])} / {_efficiency(pb['sample_efficiency'])} |")
+        lines.append(
+            f"| {name_cell} | {_seeds(pa)} / {_seeds(pb)} | "
+            f"{_interval(pa['eval_mean']['iqm'], pa['eval_mean']['iqm_ci95'])} | "
+            f"{_interval(pb['eval_mean']['iqm'], pb['eval_mean']['iqm_ci95'])} | {' | '.join(cells)} | "
+            f"{_efficiency(pa['sample_efficiency'])} / {_efficiency(pb['sample_efficiency'])} |"
+        )
     if len(pairs) > 1:
         poi = aggregate.probability_of_improvement(pairs)
-        lines += ["", f"Over the {len(pairs)} presets (bootstrap stratified by preset): P(B > A) = "
-                      f"{_interval(poi['p'], poi['ci95'], 2)}, {_verdict(poi['ci95'])}."]
-    lines += ["", "P(B > A): the probability that a seed of B ends with a higher final evaluation than a seed "
-                  "of A (ties count one half), rliable's probability of improvement; see the statistics in any report."]
+        lines += [
+            "",
+            f"Over the {len(pairs)} presets (bootstrap stratified by preset): P(B > A) = "
+            f"{_interval(poi['p'], poi['ci95'], 2)}, {_verdict(poi['ci95'])}.",
+        ]
+    lines += [
+        "",
+        "P(B > A): the probability that a seed of B ends with a higher final evaluation than a seed "
+        "of A (ties count one half), rliable's probability of improvement; see the statistics in any report.",
+    ]
     return lines, worse

@@ -46,9 +46,10 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -69,7 +70,9 @@ def pendulum_swing_up(obs: np.ndarray) -> np.ndarray:
         torque = -(10.0 * np.arctan2(sin, cos) + 2.0 * theta_dot)
     else:
         energy = 0.5 * theta_dot**2 + PENDULUM_A * (cos - 1.0)
-        torque = -theta_dot * energy  # dE/dt = 3 torque theta_dot: drives E towards 0 from either side
+        torque = (
+            -theta_dot * energy
+        )  # dE/dt = 3 torque theta_dot: drives E towards 0 from either side
     return np.array([np.clip(torque, -2.0, 2.0) / 2.0])
 
 
@@ -91,8 +94,13 @@ def d4pg_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
 def naf_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
     # --normalize-obs: the network standardises its input with the moments in its state dict.
     args = ckpt["args"]
-    net = algo.NAFNetwork(obs_dim, act_dim, args["hidden_dim"], normalize_obs=args.get("normalize_obs", False),
-                          layer_norm=args.get("layer_norm", False))
+    net = algo.NAFNetwork(
+        obs_dim,
+        act_dim,
+        args["hidden_dim"],
+        normalize_obs=args.get("normalize_obs", False),
+        layer_norm=args.get("layer_norm", False),
+    )
     net.load_state_dict(ckpt["net"])
     return lambda obs: net(obs)[1]  # mu(x), the argmax of NAF's quadratic Q: naf.py's evaluate()
 
@@ -100,11 +108,16 @@ def naf_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
 def rlpd_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
     agent = algo.Agent(obs_dim, act_dim, ckpt["args"]["hidden_dim"], ckpt["args"]["num_qs"])
     agent.load_state_dict(ckpt["agent"])
-    return lambda obs: agent.actor(obs)[0].tanh()  # tanh of the Gaussian's mean: rlpd.py's evaluate()
+    return lambda obs: agent.actor(obs)[
+        0
+    ].tanh()  # tanh of the Gaussian's mean: rlpd.py's evaluate()
 
 
 POLICIES: dict[str, Callable[[Any, dict, int, int], Callable]] = {
-    "d4pg": d4pg_policy, "naf": naf_policy, "rlpd": rlpd_policy}
+    "d4pg": d4pg_policy,
+    "naf": naf_policy,
+    "rlpd": rlpd_policy,
+}
 
 
 @dataclass
@@ -137,7 +150,9 @@ def fail(message: str) -> SystemExit:
 def recipe(args: Args, source: str) -> str:
     """What made the dataset (`source`: the controller's name, or the checkpoint's file, path and
     step), stored as its algorithm_name; a rerun compares it."""
-    return f"benchmark.datasets {source} episodes={args.episodes} noise={args.noise} seed={args.seed}"
+    return (
+        f"benchmark.datasets {source} episodes={args.episodes} noise={args.noise} seed={args.seed}"
+    )
 
 
 def shown_path(path: Path) -> str:
@@ -156,15 +171,23 @@ def read_checkpoint(path: Path, env_id: str) -> dict:
     try:  # as the files load theirs: weights only, so a stranger's file cannot run code
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint")
+        raise fail(
+            f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint"
+        )
     if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by a file of algos/; pass a checkpoints/latest.pt")
+        raise fail(
+            f"{path} is not a checkpoint written by a file of algos/; pass a checkpoints/latest.pt"
+        )
     if ckpt["algo"] not in POLICIES:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py, which has no deterministic continuous-action "
-                   f"policy; pass a checkpoint of {', '.join(f'{a}.py' for a in POLICIES)}")
+        raise fail(
+            f"checkpoint {path} was written by {ckpt['algo']}.py, which has no deterministic continuous-action "
+            f"policy; pass a checkpoint of {', '.join(f'{a}.py' for a in POLICIES)}"
+        )
     if ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']} "
-                   "or a checkpoint of this environment")
+        raise fail(
+            f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']} "
+            "or a checkpoint of this environment"
+        )
     return ckpt
 
 
@@ -175,8 +198,10 @@ def checkpoint_policy(args: Args, ckpt: dict, env: gym.Env) -> Callable[[np.ndar
     name = ckpt["algo"]
     path = (args.algos_dir or ALGOS_DIR) / f"{name}.py"
     if not path.is_file():
-        raise fail(f"checkpoint {args.checkpoint} was written by {name}.py, which is not in {path.parent}; "
-                   "pass --algos-dir")
+        raise fail(
+            f"checkpoint {args.checkpoint} was written by {name}.py, which is not in {path.parent}; "
+            "pass --algos-dir"
+        )
     spec = importlib.util.spec_from_file_location(f"_dataset_source_{name}", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # type: ignore[union-attr]  # dataclasses look the module up while it loads
@@ -186,8 +211,10 @@ def checkpoint_policy(args: Args, ckpt: dict, env: gym.Env) -> Callable[[np.ndar
         net = POLICIES[name](module, ckpt, obs_dim, act_dim)
     except (KeyError, RuntimeError) as e:  # a missing key, or weights of other shapes or names
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise fail(f"checkpoint {args.checkpoint} does not fit {name}.py's networks ({first}); "
-                   f"make the dataset with the {name}.py that wrote it")
+        raise fail(
+            f"checkpoint {args.checkpoint} does not fit {name}.py's networks ({first}); "
+            f"make the dataset with the {name}.py that wrote it"
+        )
 
     def policy(obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
@@ -196,8 +223,13 @@ def checkpoint_policy(args: Args, ckpt: dict, env: gym.Env) -> Callable[[np.ndar
     return policy
 
 
-def rollout(env: gym.Env, controller: Callable[[np.ndarray], np.ndarray], noise: float, seed: int,
-            rng: np.random.Generator) -> dict[str, np.ndarray]:
+def rollout(
+    env: gym.Env,
+    controller: Callable[[np.ndarray], np.ndarray],
+    noise: float,
+    seed: int,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
     """One episode: observations [T + 1], actions in the env's units [T], rewards, terminations, truncations."""
     low, high = env.action_space.low, env.action_space.high
     obs, _ = env.reset(seed=seed)
@@ -207,26 +239,38 @@ def rollout(env: gym.Env, controller: Callable[[np.ndarray], np.ndarray], noise:
         u = np.clip(controller(obs) + noise * rng.standard_normal(low.shape), -1.0, 1.0)
         action = (low + 0.5 * (u + 1.0) * (high - low)).astype(env.action_space.dtype)
         obs, reward, terminated, truncated, _ = env.step(action)
-        for store, value in zip((observations, actions, rewards, terminations, truncations),
-                                (obs, action, reward, terminated, truncated)):
+        for store, value in zip(
+            (observations, actions, rewards, terminations, truncations),
+            (obs, action, reward, terminated, truncated),
+        ):
             store.append(value)
         done = terminated or truncated
-    return {"observations": np.array(observations), "actions": np.array(actions), "rewards": np.array(rewards),
-            "terminations": np.array(terminations), "truncations": np.array(truncations)}
+    return {
+        "observations": np.array(observations),
+        "actions": np.array(actions),
+        "rewards": np.array(rewards),
+        "terminations": np.array(terminations),
+        "truncations": np.array(truncations),
+    }
 
 
 def make_dataset(args: Args) -> Path:
     """Record the episodes and write the dataset; returns its folder. Raises `fail` on bad input."""
     if args.checkpoint is None and args.env_id not in CONTROLLERS:
-        raise fail(f"no scripted controller for {args.env_id!r}; choose one of {', '.join(CONTROLLERS)}, "
-                   "or pass --checkpoint")
+        raise fail(
+            f"no scripted controller for {args.env_id!r}; choose one of {', '.join(CONTROLLERS)}, "
+            "or pass --checkpoint"
+        )
     if args.episodes < 1:
         raise fail(f"--episodes must be at least 1, got {args.episodes}")
     if not (args.noise >= 0 and np.isfinite(args.noise)):
         raise fail(f"--noise must be a finite number >= 0, got {args.noise}")
     ckpt = read_checkpoint(args.checkpoint, args.env_id) if args.checkpoint is not None else None
-    source = CONTROLLERS[args.env_id].__name__ if ckpt is None else \
-        f"checkpoint {ckpt['algo']}.py {shown_path(args.checkpoint)} step={ckpt['global_step']}"  # type: ignore[arg-type]
+    source = (
+        CONTROLLERS[args.env_id].__name__
+        if ckpt is None
+        else f"checkpoint {ckpt['algo']}.py {shown_path(args.checkpoint)} step={ckpt['global_step']}"
+    )  # type: ignore[arg-type]
     import minari  # after the checks above, which need no Minari
     from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_dataset import parse_dataset_id
@@ -236,11 +280,17 @@ def make_dataset(args: Args) -> Path:
     except ValueError as e:
         raise fail(f"{e}".replace("\n", " "))
     # Absolute: Minari joins a relative datasets path onto itself when it writes.
-    root = Path(args.root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").resolve()
+    root = Path(
+        args.root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets"
+    ).resolve()
     folder = root / args.dataset_id
     metadata = folder / "data" / "metadata.json"
     if folder.exists() and not args.overwrite:
-        made_by = json.loads(metadata.read_text()).get("algorithm_name") if metadata.is_file() else "an unknown recipe"
+        made_by = (
+            json.loads(metadata.read_text()).get("algorithm_name")
+            if metadata.is_file()
+            else "an unknown recipe"
+        )
         if made_by == recipe(args, source):
             print(f"up to date: {folder} ({made_by})")
             return folder
@@ -257,29 +307,41 @@ def make_dataset(args: Args) -> Path:
         env.close()
         raise
     rng = np.random.default_rng(args.seed)
-    episodes = [rollout(env, controller, args.noise, args.seed + i, rng) for i in range(args.episodes)]
+    episodes = [
+        rollout(env, controller, args.noise, args.seed + i, rng) for i in range(args.episodes)
+    ]
     buffers = [EpisodeBuffer(id=i, seed=args.seed + i, **ep) for i, ep in enumerate(episodes)]
     staging = root / f".staging-{os.getpid()}"
     saved = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(staging)  # where create_dataset_from_buffers writes
     try:
-        with warnings.catch_warnings():  # Minari warns about every optional metadata field left empty
+        with (
+            warnings.catch_warnings()
+        ):  # Minari warns about every optional metadata field left empty
             warnings.simplefilter("ignore", UserWarning)
-            minari.create_dataset_from_buffers(args.dataset_id, buffers, env=args.env_id,
-                                               algorithm_name=recipe(args, source),
-                                               description=f"{source} on {args.env_id}, benchmark/datasets.py")
+            minari.create_dataset_from_buffers(
+                args.dataset_id,
+                buffers,
+                env=args.env_id,
+                algorithm_name=recipe(args, source),
+                description=f"{source} on {args.env_id}, benchmark/datasets.py",
+            )
         if folder.exists():
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / args.dataset_id, folder)
     finally:
-        os.environ.pop("MINARI_DATASETS_PATH") if saved is None else os.environ.update(MINARI_DATASETS_PATH=saved)
+        os.environ.pop("MINARI_DATASETS_PATH") if saved is None else os.environ.update(
+            MINARI_DATASETS_PATH=saved
+        )
         shutil.rmtree(staging, ignore_errors=True)
         env.close()
     returns = [float(ep["rewards"].sum()) for ep in episodes]
     steps = sum(len(ep["rewards"]) for ep in episodes)
-    print(f"wrote {folder}: {args.episodes} episodes, {steps:,} steps, return {np.mean(returns):.1f} "
-          f"+- {np.std(returns):.1f} (min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+    print(
+        f"wrote {folder}: {args.episodes} episodes, {steps:,} steps, return {np.mean(returns):.1f} "
+        f"+- {np.std(returns):.1f} (min {np.min(returns):.1f}, max {np.max(returns):.1f})"
+    )
     return folder
 
 

@@ -28,7 +28,9 @@ def rss_mb() -> float:
     statm = Path("/proc/self/statm")
     if statm.is_file():
         return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc (macOS): the peak, in bytes
+    peak = resource.getrusage(
+        resource.RUSAGE_SELF
+    ).ru_maxrss  # no /proc (macOS): the peak, in bytes
     return peak / 2**20
 
 
@@ -45,21 +47,34 @@ def measure(capacity: int, script: Path) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (SOURCE_FRAMES, 1, 84, 84), dtype=np.uint8)
     baseline = rss_mb()
-    print(f"after imports: RSS {imported:,.0f} MB; with {SOURCE_FRAMES:,} source frames: {baseline:,.0f} MB")
+    print(
+        f"after imports: RSS {imported:,.0f} MB; with {SOURCE_FRAMES:,} source frames: {baseline:,.0f} MB"
+    )
     start = time.time()
     buffer = dqn.FrameReplayBuffer(capacity, 1)
     action, reward, done = np.zeros(1, np.int64), np.ones(1, np.float32), np.zeros(1, bool)
     for i in range(capacity):
-        ended = np.array([i % 5000 == 4999])  # games of 5,000 steps, so episode boundaries are stored too
-        buffer.add(frames[i % SOURCE_FRAMES], action, reward, frames[(i + 1) % SOURCE_FRAMES], done, ended)
+        ended = np.array(
+            [i % 5000 == 4999]
+        )  # games of 5,000 steps, so episode boundaries are stored too
+        buffer.add(
+            frames[i % SOURCE_FRAMES], action, reward, frames[(i + 1) % SOURCE_FRAMES], done, ended
+        )
     filled = rss_mb()
     fill_s = time.time() - start
-    print(f"filled {capacity:,} transitions in {fill_s:.0f} s: RSS {filled:,.0f} MB, "
-          f"+{filled - baseline:,.1f} MB over the baseline ({capacity * 84 * 84 / 2**20:,.1f} MB of frames)")
+    print(
+        f"filled {capacity:,} transitions in {fill_s:.0f} s: RSS {filled:,.0f} MB, "
+        f"+{filled - baseline:,.1f} MB over the baseline ({capacity * 84 * 84 / 2**20:,.1f} MB of frames)"
+    )
     start = time.time()
     for _ in range(1000):
         buffer.sample(32, rng)
     sample_s = time.time() - start
     print(f"1000 batches of 32 sampled in {sample_s:.2f} s; RSS {rss_mb():,.0f} MB")
-    return {"imported_mb": imported, "baseline_mb": baseline, "filled_mb": filled, "fill_s": fill_s,
-            "sample_s": sample_s}
+    return {
+        "imported_mb": imported,
+        "baseline_mb": baseline,
+        "filled_mb": filled,
+        "fill_s": fill_s,
+        "sample_s": sample_s,
+    }

@@ -49,14 +49,33 @@ def separate_copies(ensemble: nn.Module) -> list[nn.Sequential]:
     return critics
 
 
-def make_steps(rlpd: ModuleType, num_qs: int, obs_dim: int, act_dim: int, hidden: int, batch: int,
-               device: torch.device) -> tuple[Callable[[], None], Callable[[], None]]:
+def make_steps(
+    rlpd: ModuleType,
+    num_qs: int,
+    obs_dim: int,
+    act_dim: int,
+    hidden: int,
+    batch: int,
+    device: torch.device,
+) -> tuple[Callable[[], None], Callable[[], None]]:
     """One critic update of each version (same weights, same minibatch, same target rule)."""
     gen = torch.Generator().manual_seed(0)
-    obs, next_obs = torch.randn(batch, obs_dim, generator=gen), torch.randn(batch, obs_dim, generator=gen)
-    act, next_act = torch.rand(batch, act_dim, generator=gen) * 2 - 1, torch.rand(batch, act_dim, generator=gen) * 2 - 1
+    obs, next_obs = (
+        torch.randn(batch, obs_dim, generator=gen),
+        torch.randn(batch, obs_dim, generator=gen),
+    )
+    act, next_act = (
+        torch.rand(batch, act_dim, generator=gen) * 2 - 1,
+        torch.rand(batch, act_dim, generator=gen) * 2 - 1,
+    )
     obs, next_obs, act, next_act = (t.to(device) for t in (obs, next_obs, act, next_act))
-    rewards, zeros, alpha, gamma, tau = torch.randn(batch, generator=gen).to(device), torch.zeros(batch, device=device), 0.1, 0.99, 0.005
+    rewards, zeros, alpha, gamma, tau = (
+        torch.randn(batch, generator=gen).to(device),
+        torch.zeros(batch, device=device),
+        0.1,
+        0.99,
+        0.005,
+    )
 
     critic = rlpd.EnsembleCritic(num_qs, obs_dim + act_dim, hidden).to(device)
     target = copy.deepcopy(critic).requires_grad_(False)
@@ -66,14 +85,20 @@ def make_steps(rlpd: ModuleType, num_qs: int, obs_dim: int, act_dim: int, hidden
     member_optimizer = torch.optim.Adam([p for m in members for p in m.parameters()], lr=3e-4)
     x, next_x = torch.cat([obs, act], -1), torch.cat([next_obs, next_act], -1)
     with torch.no_grad():
-        gap = (critic(obs, act) - torch.stack([m(x).squeeze(-1) for m in members])).abs().max().item()
+        gap = (
+            (critic(obs, act) - torch.stack([m(x).squeeze(-1) for m in members])).abs().max().item()
+        )
     if gap > 1e-4:
-        raise ZooError(f"the separate critics do not reproduce the batched ensemble (max |dQ| {gap:.2e})")
+        raise ZooError(
+            f"the separate critics do not reproduce the batched ensemble (max |dQ| {gap:.2e})"
+        )
     batch_dict = {"next_obs": next_obs, "rewards": rewards, "terminated": zeros}
 
     def batched() -> None:
         with torch.no_grad():
-            y = rlpd.soft_q_target(target, batch_dict, next_act, zeros, torch.tensor(alpha, device=device), gamma, 2)
+            y = rlpd.soft_q_target(
+                target, batch_dict, next_act, zeros, torch.tensor(alpha, device=device), gamma, 2
+            )
         rlpd.gradient_step(optimizer, ((critic(obs, act) - y) ** 2).mean())
         rlpd.soft_update(target, critic, tau)
 
@@ -81,7 +106,9 @@ def make_steps(rlpd: ModuleType, num_qs: int, obs_dim: int, act_dim: int, hidden
         with torch.no_grad():
             pair = torch.randperm(num_qs)[:2].tolist()
             next_q = torch.min(targets[pair[0]](next_x), targets[pair[1]](next_x)).squeeze(-1)
-            y = rewards + gamma * next_q  # the entropy term is zero here, as in `batched` (log pi = 0)
+            y = (
+                rewards + gamma * next_q
+            )  # the entropy term is zero here, as in `batched` (log pi = 0)
         loss = torch.stack([((m(x).squeeze(-1) - y) ** 2).mean() for m in members]).mean()
         rlpd.gradient_step(member_optimizer, loss)
         for member, member_target in zip(members, targets):
@@ -101,11 +128,26 @@ def rate(step: Callable[[], None], updates: int, device: torch.device) -> float:
     return updates / (time.perf_counter() - start)
 
 
-def measure(hidden: int, batch: int, updates: int, rounds: int, device_name: str, threads: int, script: Path,
-            num_qs: int = 10, obs_dim: int = 3, act_dim: int = 1) -> dict[str, Any]:
+def measure(
+    hidden: int,
+    batch: int,
+    updates: int,
+    rounds: int,
+    device_name: str,
+    threads: int,
+    script: Path,
+    num_qs: int = 10,
+    obs_dim: int = 3,
+    act_dim: int = 1,
+) -> dict[str, Any]:
     """Print and return the median updates per second of each version and their ratio."""
-    for name, value in (("--hidden", hidden), ("--batch", batch), ("--updates", updates), ("--rounds", rounds),
-                        ("--threads", threads)):
+    for name, value in (
+        ("--hidden", hidden),
+        ("--batch", batch),
+        ("--updates", updates),
+        ("--rounds", rounds),
+        ("--threads", threads),
+    ):
         if value < 1:
             raise ZooError(f"{name} must be positive, got {value}")
     if device_name == "cuda" and not torch.cuda.is_available():
@@ -125,9 +167,15 @@ def measure(hidden: int, batch: int, updates: int, rounds: int, device_name: str
             rates[name].append(rate(batched if name == "batched" else separate, updates, device))
     result = {name: statistics.median(values) for name, values in rates.items()}
     result["ratio"] = result["batched"] / result["separate"]
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {threads} thread(s)"
-    print(f"{num_qs} critics, hidden {hidden}, batch {batch}, {where}; rounds: "
-          + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in vs) for k, vs in rates.items()))
-    print(f"batched {result['batched']:.1f} vs separate {result['separate']:.1f} critic updates/s: "
-          f"{result['ratio']:.2f}x (medians of {rounds} rounds of {updates} updates)")
+    where = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {threads} thread(s)"
+    )
+    print(
+        f"{num_qs} critics, hidden {hidden}, batch {batch}, {where}; rounds: "
+        + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in vs) for k, vs in rates.items())
+    )
+    print(
+        f"batched {result['batched']:.1f} vs separate {result['separate']:.1f} critic updates/s: "
+        f"{result['ratio']:.2f}x (medians of {rounds} rounds of {updates} updates)"
+    )
     return {**result, "rounds": rates}

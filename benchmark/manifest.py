@@ -100,10 +100,24 @@ class Dataset:
 
     def argv(self, env_id: str) -> list[str]:
         """The command line of `python -m benchmark.datasets` that makes it."""
-        argv = ["--env-id", env_id, "--dataset-id", self.dataset_id, "--episodes", str(self.episodes),
-                "--noise", str(self.noise), "--seed", str(self.seed)]
-        return argv + [x for flag, value in (("--root", self.root), ("--checkpoint", self.checkpoint))
-                       if value is not None for x in (flag, value)]
+        argv = [
+            "--env-id",
+            env_id,
+            "--dataset-id",
+            self.dataset_id,
+            "--episodes",
+            str(self.episodes),
+            "--noise",
+            str(self.noise),
+            "--seed",
+            str(self.seed),
+        ]
+        return argv + [
+            x
+            for flag, value in (("--root", self.root), ("--checkpoint", self.checkpoint))
+            if value is not None
+            for x in (flag, value)
+        ]
 
     def command(self, env_id: str) -> str:
         return "python -m benchmark.datasets " + shlex.join(self.argv(env_id))
@@ -128,15 +142,30 @@ class Preset:
     dataset: Dataset | None = None
     group: str | None = None
     normalise: Normaliser | None = None
-    table: dict[str, Any] = field(default_factory=dict, compare=False)  # as written, for the sweep's copy
+    table: dict[str, Any] = field(
+        default_factory=dict, compare=False
+    )  # as written, for the sweep's copy
 
     def budget(self, mode: Mode) -> Budget:
         return self.smoke if mode == "smoke" else self.full
 
 
 PRESET_KEYS = {
-    "algo", "env_id", "args", "smoke", "full", "target", "references", "curve_threshold",
-    "curve_window", "num_cpus", "num_gpus", "provisional", "dataset", "group", "normalise",
+    "algo",
+    "env_id",
+    "args",
+    "smoke",
+    "full",
+    "target",
+    "references",
+    "curve_threshold",
+    "curve_window",
+    "num_cpus",
+    "num_gpus",
+    "provisional",
+    "dataset",
+    "group",
+    "normalise",
 }
 BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags", "memory_gb"}
 TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "iqm_min", "hold", "text"}
@@ -164,7 +193,9 @@ class _Table:
             raise ZooError(f"{where}: expected a table, got {type(data).__name__}")
         unknown = sorted(set(data) - allowed)
         if unknown:
-            raise ZooError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+            raise ZooError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+            )
         self.data, self.where = data, where
 
     def get(self, key: str, kind: str, default: Any = ..., *, positive: bool = False) -> Any:
@@ -193,11 +224,15 @@ def _args(table: _Table) -> dict[str, ArgValue]:
     args = table.get("args", "table", {})
     for flag, value in args.items():
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", flag):
-            raise ZooError(f"{table.where}: argument '{flag}' must be a flag name without leading dashes")
+            raise ZooError(
+                f"{table.where}: argument '{flag}' must be a flag name without leading dashes"
+            )
         if isinstance(value, dict):
             raise ZooError(f"{table.where}: argument '{flag}' cannot be a table")
         if flag in RESERVED_FLAGS:
-            raise ZooError(f"{table.where}: '{flag}' is set by the runner; use total_steps / seeds instead")
+            raise ZooError(
+                f"{table.where}: '{flag}' is set by the runner; use total_steps / seeds instead"
+            )
     return dict(args)
 
 
@@ -220,7 +255,9 @@ def _budget(data: Any, where: str, mode: Mode) -> Budget:
 def _target(data: Any, where: str, seeds: int) -> Target:
     table = _Table(data, where, TARGET_KEYS)
     if ("min" in data) == ("above" in data):
-        raise ZooError(f"{where}: give exactly one of 'min' (metric >= min) or 'above' (metric > above)")
+        raise ZooError(
+            f"{where}: give exactly one of 'min' (metric >= min) or 'above' (metric > above)"
+        )
     strict = "above" in data
     metric = table.get("metric", "str")
     if metric not in METRICS:
@@ -237,7 +274,9 @@ def _target(data: Any, where: str, seeds: int) -> Target:
         text=table.get("text", "str"),
     )
     if target.hold is not None and not 0 < target.hold <= 1:
-        raise ZooError(f"{where}: hold ({target.hold}) must be in (0, 1]: the fraction of its best evaluation a seed's last one must keep")
+        raise ZooError(
+            f"{where}: hold ({target.hold}) must be in (0, 1]: the fraction of its best evaluation a seed's last one must keep"
+        )
     if target.at_least > target.of:
         raise ZooError(f"{where}: at_least ({target.at_least}) is more than of ({target.of})")
     if target.of != seeds:
@@ -247,8 +286,12 @@ def _target(data: Any, where: str, seeds: int) -> Target:
 
 def _normaliser(data: Any, where: str) -> Normaliser:
     table = _Table(data, where, NORMALISE_KEYS)
-    normaliser = Normaliser(name=table.get("name", "str"), random=table.get("random", "number"),
-                            reference=table.get("reference", "number"), source=table.get("source", "str"))
+    normaliser = Normaliser(
+        name=table.get("name", "str"),
+        random=table.get("random", "number"),
+        reference=table.get("reference", "number"),
+        source=table.get("source", "str"),
+    )
     if normaliser.reference == normaliser.random:
         raise ZooError(f"{where}: 'reference' must differ from 'random'")
     return normaliser
@@ -257,21 +300,32 @@ def _normaliser(data: Any, where: str) -> Normaliser:
 def _dataset(data: Any, where: str, budgets: list[dict[str, ArgValue]]) -> Dataset:
     """The dataset table; `budgets`: each budget's arguments, whose --dataset-path must name its folder."""
     if isinstance(data, str):
-        raise ZooError(f"{where}: a command line is not run; write a [<preset>.dataset] table of benchmark.datasets "
-                       f"arguments ({', '.join(sorted(DATASET_KEYS))})")
+        raise ZooError(
+            f"{where}: a command line is not run; write a [<preset>.dataset] table of benchmark.datasets "
+            f"arguments ({', '.join(sorted(DATASET_KEYS))})"
+        )
     table = _Table(data, where, DATASET_KEYS)
-    dataset = Dataset(dataset_id=table.get("dataset_id", "str"), episodes=table.get("episodes", "int", 10, positive=True),
-                      noise=float(table.get("noise", "number", 0.0)), seed=table.get("seed", "int", 0),
-                      root=table.get("root", "str", None), checkpoint=table.get("checkpoint", "str", None))
+    dataset = Dataset(
+        dataset_id=table.get("dataset_id", "str"),
+        episodes=table.get("episodes", "int", 10, positive=True),
+        noise=float(table.get("noise", "number", 0.0)),
+        seed=table.get("seed", "int", 0),
+        root=table.get("root", "str", None),
+        checkpoint=table.get("checkpoint", "str", None),
+    )
     if not DATASET_ID.fullmatch(dataset.dataset_id):
-        raise ZooError(f"{where}: 'dataset_id' {dataset.dataset_id!r} is not a Minari id (namespace/)name-v<version>")
+        raise ZooError(
+            f"{where}: 'dataset_id' {dataset.dataset_id!r} is not a Minari id (namespace/)name-v<version>"
+        )
     if dataset.noise < 0 or dataset.seed < 0:
         raise ZooError(f"{where}: 'noise' and 'seed' must be at least 0")
     for args in budgets:
         path = args.get("dataset-path")
         if dataset.folder is not None and isinstance(path, str) and Path(path) != dataset.folder:
-            raise ZooError(f"{where}: the preset reads --dataset-path {path}, "
-                           f"but the dataset lands in {dataset.folder}")
+            raise ZooError(
+                f"{where}: the preset reads --dataset-path {path}, "
+                f"but the dataset lands in {dataset.folder}"
+            )
     return dataset
 
 
@@ -287,12 +341,17 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
     full = _budget(data["full"], f"{where}: full", "full")
     args = _args(table)
     smoke = _budget(data["smoke"], f"{where}: smoke", "smoke")
-    dataset = _dataset(data["dataset"], f"{where}: dataset", [{**args, **b.args} for b in (smoke, full)]) \
-        if "dataset" in data else None
+    dataset = (
+        _dataset(data["dataset"], f"{where}: dataset", [{**args, **b.args} for b in (smoke, full)])
+        if "dataset" in data
+        else None
+    )
     references = table.get("references", "list", [])
     num_gpus = table.get("num_gpus", "number", 0)
     if num_gpus < 0 or (num_gpus > 1 and num_gpus != int(num_gpus)):
-        raise ZooError(f"{where}: num_gpus must be a fraction up to 1 or a whole number (as Ray asks), got {num_gpus!r}")
+        raise ZooError(
+            f"{where}: num_gpus must be a fraction up to 1 or a whole number (as Ray asks), got {num_gpus!r}"
+        )
     return Preset(
         name=name,
         algo=algo,
@@ -301,8 +360,12 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
         args=args,
         smoke=smoke,
         full=full,
-        target=_target(data["target"], f"{where}: target", full.seeds) if "target" in data else None,
-        references=tuple(_reference(ref, f"{where}: reference {i + 1}") for i, ref in enumerate(references)),
+        target=_target(data["target"], f"{where}: target", full.seeds)
+        if "target" in data
+        else None,
+        references=tuple(
+            _reference(ref, f"{where}: reference {i + 1}") for i, ref in enumerate(references)
+        ),
         curve_threshold=table.get("curve_threshold", "number", None),
         curve_window=table.get("curve_window", "int", 10, positive=True),
         num_cpus=table.get("num_cpus", "number", 1, positive=True),
@@ -310,7 +373,9 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
         provisional=table.get("provisional", "bool", False),
         dataset=dataset,
         group=table.get("group", "str", None),
-        normalise=_normaliser(data["normalise"], f"{where}: normalise") if "normalise" in data else None,
+        normalise=_normaliser(data["normalise"], f"{where}: normalise")
+        if "normalise" in data
+        else None,
         table=data,
     )
 
@@ -325,17 +390,23 @@ def _reference(data: Any, where: str) -> Reference:
     )
 
 
-def presets_from_tables(tables: dict[str, Any], algos_dir: Path, check_scripts: bool = True) -> dict[str, Preset]:
+def presets_from_tables(
+    tables: dict[str, Any], algos_dir: Path, check_scripts: bool = True
+) -> dict[str, Preset]:
     """Presets from their tables as written (a sweep's copy of its manifest); without
     `check_scripts` an algorithm file renamed since then does not matter."""
-    return {name: _preset(name, entry, f"zoo preset '{name}'", algos_dir, check_scripts)
-            for name, entry in tables.items()}
+    return {
+        name: _preset(name, entry, f"zoo preset '{name}'", algos_dir, check_scripts)
+        for name, entry in tables.items()
+    }
 
 
 def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
     """All presets of a manifest file, or of every `*.toml` file in a folder, by name."""
     if tomllib is None:
-        raise ZooError("reading the zoo needs Python >= 3.11 or the 'tomli' package; pip install tomli")
+        raise ZooError(
+            "reading the zoo needs Python >= 3.11 or the 'tomli' package; pip install tomli"
+        )
     files = sorted(path.glob("*.toml")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
         raise ZooError(f"no manifest at {path} (a .toml file or a folder of them)")
@@ -353,9 +424,14 @@ def load_zoo(path: Path, algos_dir: Path) -> dict[str, Preset]:
             presets[name] = preset = _preset(name, entry, where, algos_dir, True)
             folder = preset.dataset.folder if preset.dataset else None
             other = folders.setdefault(folder, preset) if folder is not None else preset
-            if other is not preset and (other.env_id, other.dataset) != (preset.env_id, preset.dataset):
-                raise ZooError(f"{where}: its dataset lands in {folder} as that of zoo preset '{other.name}', but "
-                               "with another recipe; give it another dataset_id or root")
+            if other is not preset and (other.env_id, other.dataset) != (
+                preset.env_id,
+                preset.dataset,
+            ):
+                raise ZooError(
+                    f"{where}: its dataset lands in {folder} as that of zoo preset '{other.name}', but "
+                    "with another recipe; give it another dataset_id or root"
+                )
     if not presets:
         raise ZooError(f"no presets in {path}")
     return presets

@@ -15,8 +15,9 @@ import heapq
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from .runner import Job
 
@@ -49,9 +50,21 @@ class Progress:
     """Counts runs done / running / queued / failed, shows each running run, and estimates the
     time left. `jobs` are the runs to do, `skipped` the runs finished in an earlier invocation."""
 
-    def __init__(self, jobs: list[Job], skipped: int, slots: int, interval_s: float = 30.0,
-                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
-        self.total, self.skipped, self.slots, self.interval_s = len(jobs) + skipped, skipped, max(1, slots), interval_s
+    def __init__(
+        self,
+        jobs: list[Job],
+        skipped: int,
+        slots: int,
+        interval_s: float = 30.0,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.total, self.skipped, self.slots, self.interval_s = (
+            len(jobs) + skipped,
+            skipped,
+            max(1, slots),
+            interval_s,
+        )
         self.stream, self.clock = stream or sys.stdout, clock
         self.queued = {job.key: job for job in sorted(jobs, key=lambda job: -job.timeout_s)}
         self.running: dict[str, Running] = {}
@@ -61,7 +74,10 @@ class Progress:
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.output = threading.Lock()
-        self.tty, self.drawn = self.stream.isatty(), 0  # on a terminal: the status block is redrawn in place
+        self.tty, self.drawn = (
+            self.stream.isatty(),
+            0,
+        )  # on a terminal: the status block is redrawn in place
 
     def _expected(self, job: Job) -> float | None:
         """Expected duration of a run of `job`'s preset (see the module docstring)."""
@@ -69,8 +85,11 @@ class Progress:
         if own:
             return sum(own) / len(own)
         now = self.clock()
-        projected = [(now - r.start) * r.progress[1] / r.progress[0] for r in self.running.values()
-                     if r.job.preset.name == job.preset.name and r.progress and r.progress[0] > 0]
+        projected = [
+            (now - r.start) * r.progress[1] / r.progress[0]
+            for r in self.running.values()
+            if r.job.preset.name == job.preset.name and r.progress and r.progress[0] > 0
+        ]
         if projected:
             return sum(projected) / len(projected)
         everything = [d for ds in self.durations.values() for d in ds]
@@ -97,15 +116,25 @@ class Progress:
 
     def _run_text(self, run: Running) -> str:
         left = self._left(run)
-        done = f"{100 * run.progress[0] / run.progress[1]:.0f}%" if run.progress and run.progress[1] else "starting"
-        return f"{run.job.key} {done}" + (f", {_duration(left)} left" if left is not None else "") + f" [{run.where}]"
+        done = (
+            f"{100 * run.progress[0] / run.progress[1]:.0f}%"
+            if run.progress and run.progress[1]
+            else "starting"
+        )
+        return (
+            f"{run.job.key} {done}"
+            + (f", {_duration(left)} left" if left is not None else "")
+            + f" [{run.where}]"
+        )
 
     def line(self) -> str:
         with self.lock:
             elapsed, eta = self.clock() - self.start, self.eta()
-            head = (f"{self.skipped + self.done}/{self.total} done ({self.failed} failed, {self.skipped} from before)"
-                    f" | {len(self.running)} running, {len(self.queued)} queued | elapsed {_duration(elapsed)}"
-                    f" | eta {'?' if eta is None else _duration(eta)}")
+            head = (
+                f"{self.skipped + self.done}/{self.total} done ({self.failed} failed, {self.skipped} from before)"
+                f" | {len(self.running)} running, {len(self.queued)} queued | elapsed {_duration(elapsed)}"
+                f" | eta {'?' if eta is None else _duration(eta)}"
+            )
             runs = "; ".join(self._run_text(r) for r in self.running.values())
         return head + (f"\n  running: {runs}" if runs else "")
 
@@ -139,7 +168,9 @@ class Progress:
             self.stream.flush()
 
     def _erase(self) -> str:
-        erase = f"\x1b[{self.drawn}F\x1b[J" if self.drawn else ""  # up to the block's first line, clear below
+        erase = (
+            f"\x1b[{self.drawn}F\x1b[J" if self.drawn else ""
+        )  # up to the block's first line, clear below
         self.drawn = 0
         return erase
 

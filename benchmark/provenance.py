@@ -19,14 +19,18 @@ from typing import Any
 
 LIBRARIES = ("torch", "gymnasium", "ale-py")
 # Run with the run's environment (CUDA_VISIBLE_DEVICES): what the algorithm's `--device auto` sees.
-CUDA_PROBE = ("import json, torch; ok = torch.cuda.is_available(); "
-              "print(json.dumps(torch.cuda.get_device_name(0) if ok else None))")
+CUDA_PROBE = (
+    "import json, torch; ok = torch.cuda.is_available(); "
+    "print(json.dumps(torch.cuda.get_device_name(0) if ok else None))"
+)
 _cuda_names: dict[str | None, str | None] = {}
 
 
 def _git(repo: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -55,8 +59,13 @@ def cuda_device(env: dict[str, str]) -> str | None:
         name = None
         if shutil.which("nvidia-smi") and key != "":
             try:
-                out = subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True, text=True, env=env,
-                                     timeout=120)
+                out = subprocess.run(
+                    [sys.executable, "-c", CUDA_PROBE],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=120,
+                )
                 name = json.loads(out.stdout) if out.returncode == 0 else None
             except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
                 name = None
@@ -72,7 +81,12 @@ def run_host(run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         asked = "auto"
     gpu = cuda_device(env) if asked in ("auto", "cuda") else None
-    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "device": f"cuda ({gpu})" if gpu else "cpu",
-            "versions": {name: _version(name) for name in LIBRARIES},
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "device": f"cuda ({gpu})" if gpu else "cpu",
+        "versions": {name: _version(name) for name in LIBRARIES},
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -30,8 +30,11 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     manifest = sweep_dir / MANIFEST_NAME
     if not (sweep_dir / "sweep.json").exists() or not manifest.exists():
         raise ZooError(f"{sweep_dir} holds no sweep (sweep.json and {MANIFEST_NAME})")
-    return {"meta": {"sweep": sweep_dir.name, **json.loads((sweep_dir / "sweep.json").read_text())},
-            "manifest": json.loads(manifest.read_text()), "records": load_records(sweep_dir)}
+    return {
+        "meta": {"sweep": sweep_dir.name, **json.loads((sweep_dir / "sweep.json").read_text())},
+        "manifest": json.loads(manifest.read_text()),
+        "records": load_records(sweep_dir),
+    }
 
 
 def load_committed(out_dir: Path) -> dict[str, Any]:
@@ -43,7 +46,9 @@ def load_committed(out_dir: Path) -> dict[str, Any]:
     except FileNotFoundError as e:
         raise ZooError(f"{out_dir} is not a results folder: no {Path(e.filename).name}") from None
     empty = {"train": [], "eval": []}
-    records = [r | {"curves": curves.get(f"{r['preset']}/seed{r['seed']}", empty)} for r in results["runs"]]
+    records = [
+        r | {"curves": curves.get(f"{r['preset']}/seed{r['seed']}", empty)} for r in results["runs"]
+    ]
     meta = {k: results[k] for k in ("sweep", "mode", "budget", "commands")}
     return {"meta": meta, "manifest": manifest, "records": records}
 
@@ -58,8 +63,14 @@ def _sample_efficiency(preset: Preset, ok: list[dict[str, Any]]) -> dict[str, An
     stored = bool(curves) and all(curves)
     curve = aggregate.eval_iqm_curve(curves) if stored else []
     threshold = preset.curve_threshold
-    return {"threshold": threshold, "curves_stored": stored, "eval_iqm_curve": curve,
-            "eval_from_step": aggregate.stays_above_step(curve, threshold) if threshold is not None else None}
+    return {
+        "threshold": threshold,
+        "curves_stored": stored,
+        "eval_iqm_curve": curve,
+        "eval_from_step": aggregate.stays_above_step(curve, threshold)
+        if threshold is not None
+        else None,
+    }
 
 
 def _normalised(preset: Preset, scores: list[float]) -> dict[str, Any] | None:
@@ -67,8 +78,11 @@ def _normalised(preset: Preset, scores: list[float]) -> dict[str, Any] | None:
     if norm is None:
         return None
     values = [aggregate.normalise(s, norm.random, norm.reference) for s in scores]
-    return {**norm.__dict__, "scores": values, **{k: v for k, v in aggregate.score_stats(values).items()
-                                                  if k in ("iqm", "iqm_ci95")}}
+    return {
+        **norm.__dict__,
+        "scores": values,
+        **{k: v for k, v in aggregate.score_stats(values).items() if k in ("iqm", "iqm_ci95")},
+    }
 
 
 def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -> dict[str, Any]:
@@ -85,19 +99,36 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
     metric = preset.target.metric if preset.target else "eval_mean"
     by_seed = [aggregate.run_metric(r, metric) if r["status"] == "ok" else None for r in records]
     hold = preset.target.hold if preset.target else None
-    held = [aggregate.holds(r, hold) if r["status"] == "ok" else None for r in records] if hold else None
+    held = (
+        [aggregate.holds(r, hold) if r["status"] == "ok" else None for r in records]
+        if hold
+        else None
+    )
     crossings = [r["crossing_step"] for r in records]
     return {
-        "algo": preset.algo, "env_id": preset.env_id, "group": preset.group, "total_steps": steps,
-        "full_total_steps": preset.full.total_steps, "reduced_budget": reduced, "seeds": [r["seed"] for r in records],
-        "failed_seeds": [{"seed": r["seed"], "reason": r["reason"]} for r in records if r["status"] != "ok"],
+        "algo": preset.algo,
+        "env_id": preset.env_id,
+        "group": preset.group,
+        "total_steps": steps,
+        "full_total_steps": preset.full.total_steps,
+        "reduced_budget": reduced,
+        "seeds": [r["seed"] for r in records],
+        "failed_seeds": [
+            {"seed": r["seed"], "reason": r["reason"]} for r in records if r["status"] != "ok"
+        ],
         "eval_mean": aggregate.score_stats(scores),
-        "target": aggregate.check_target(preset.target, by_seed, why, held) | {"provisional": preset.provisional},
+        "target": aggregate.check_target(preset.target, by_seed, why, held)
+        | {"provisional": preset.provisional},
         "references": [ref.__dict__ for ref in preset.references],
         "sample_efficiency": _sample_efficiency(preset, ok),
-        "train_crossing": {"threshold": preset.curve_threshold, "window": preset.curve_window, "steps": crossings},
+        "train_crossing": {
+            "threshold": preset.curve_threshold,
+            "window": preset.curve_window,
+            "steps": crossings,
+        },
         "normalised": _normalised(preset, scores),
-        "sps_mean": _mean(ok, "sps"), "wall_time_s_mean": _mean(ok, "wall_time_s"),
+        "sps_mean": _mean(ok, "sps"),
+        "wall_time_s_mean": _mean(ok, "wall_time_s"),
         "peak_rss_mb_max": max((r["summary"]["peak_rss_mb"] for r in ok), default=None),
         "dataset": preset.dataset.command(preset.env_id) if preset.dataset else None,
     }
@@ -109,13 +140,21 @@ def normalised_aggregates(presets: dict[str, dict[str, Any]]) -> list[dict[str, 
     groups: dict[tuple[str, str], dict[str, list[float]]] = {}
     for name, p in presets.items():
         if p["normalised"] and p["normalised"]["scores"]:
-            groups.setdefault((p["algo"], p["normalised"]["name"]), {})[name] = p["normalised"]["scores"]
+            groups.setdefault((p["algo"], p["normalised"]["name"]), {})[name] = p["normalised"][
+                "scores"
+            ]
     out = []
     for (algo, norm), tasks in sorted(groups.items()):
         ci = aggregate.iqm_ci(*tasks.values())
-        out.append({"algo": algo, "normaliser": norm, "presets": list(tasks),
-                    "iqm": aggregate.iqm([s for scores in tasks.values() for s in scores]),
-                    "iqm_ci95": list(ci) if ci else None})
+        out.append(
+            {
+                "algo": algo,
+                "normaliser": norm,
+                "presets": list(tasks),
+                "iqm": aggregate.iqm([s for scores in tasks.values() for s in scores]),
+                "iqm_ci95": list(ci) if ci else None,
+            }
+        )
     return out
 
 
@@ -130,8 +169,13 @@ def provenance_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     fields: dict[str, set[str]] = {}
     for r in records:
         prov = r["provenance"]
-        flat = {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "host": prov.get("host"),
-                "device": prov.get("device"), **(prov.get("versions") or {})}
+        flat = {
+            "commit": prov.get("commit"),
+            "dirty": prov.get("dirty"),
+            "host": prov.get("host"),
+            "device": prov.get("device"),
+            **(prov.get("versions") or {}),
+        }
         for key, value in flat.items():
             fields.setdefault(key, set()).add(_shown(value))
         if "earlier_attempts" in prov:
@@ -148,18 +192,25 @@ def build_results(sweep: dict[str, Any], presets: dict[str, Preset]) -> dict[str
     by_preset: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_preset.setdefault(record["preset"], []).append(record)
-    summaries = {name: summarize_preset(presets[name], by_preset[name], meta["mode"])
-                 for name in presets if name in by_preset}
+    summaries = {
+        name: summarize_preset(presets[name], by_preset[name], meta["mode"])
+        for name in presets
+        if name in by_preset
+    }
     groups: dict[str, list[str]] = {}
     for name, p in summaries.items():
         if p["group"]:
             groups.setdefault(p["group"], []).append(name)
     return {
-        "sweep": meta["sweep"], "mode": meta["mode"], "budget": meta["budget"], "commands": meta["commands"],
+        "sweep": meta["sweep"],
+        "mode": meta["mode"],
+        "budget": meta["budget"],
+        "commands": meta["commands"],
         "reported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "provenance": provenance_summary(records),
         "statistics": aggregate.__doc__.split("Definitions (stated in every report):")[1].strip(),
-        "presets": summaries, "groups": {g: names for g, names in groups.items() if len(names) > 1},
+        "presets": summaries,
+        "groups": {g: names for g, names in groups.items() if len(names) > 1},
         "normalised": normalised_aggregates(summaries),
         "runs": [{k: v for k, v in r.items() if k != "curves"} for r in records],
     }
@@ -178,7 +229,11 @@ def _score(stats: dict[str, Any]) -> str:
 def _interval(value: float | None, ci: list[float] | None, digits: int = 1) -> str:
     if value is None:
         return "—"
-    return f"{_num(value, digits)} [{_num(ci[0], digits)}, {_num(ci[1], digits)}]" if ci else f"{_num(value, digits)} [n/a]"
+    return (
+        f"{_num(value, digits)} [{_num(ci[0], digits)}, {_num(ci[1], digits)}]"
+        if ci
+        else f"{_num(value, digits)} [n/a]"
+    )
 
 
 def _seeds(p: dict[str, Any]) -> str:
@@ -191,7 +246,9 @@ def _target(target: dict[str, Any]) -> str:
     if status in ("met", "missed"):
         status = f"**{status}** ({target['passed_seeds']}/{target['of']} seeds)"
         floor = target.get("iqm_min")
-        if floor is not None and (target["iqm"] is None or target["iqm"] < floor):  # the seed count may pass while the IQM floor fails: name the floor
+        if floor is not None and (
+            target["iqm"] is None or target["iqm"] < floor
+        ):  # the seed count may pass while the IQM floor fails: name the floor
             status += f", IQM {_num(target['iqm'], 1)} < {_num(floor, 1)}"
     elif status == "not applicable":
         status = f"not applicable: {target['why']}"
@@ -204,24 +261,43 @@ def _efficiency(eff: dict[str, Any]) -> str:
     if not eff["curves_stored"]:
         return "n/a (no curves stored)"
     step = eff["eval_from_step"]
-    return f"≥ {eff['threshold']:g} from {step:,}" if step is not None else f"≥ {eff['threshold']:g}: never"
+    return (
+        f"≥ {eff['threshold']:g} from {step:,}"
+        if step is not None
+        else f"≥ {eff['threshold']:g}: never"
+    )
 
 
 def _plot_link(out_dir: Path | None, name: str, prefix: str) -> str:
-    return f"[plot]({prefix}plots/{name}.png)" if out_dir and (out_dir / "plots" / f"{name}.png").exists() else "—"
+    return (
+        f"[plot]({prefix}plots/{name}.png)"
+        if out_dir and (out_dir / "plots" / f"{name}.png").exists()
+        else "—"
+    )
 
 
 def preset_table(results: dict[str, Any], plots: Path | None, prefix: str = "") -> list[str]:
     """The per-preset Markdown table shared by the report and the README block; `plots`: the
     results folder whose plots/ to link (with `prefix` before the link), or None for no column."""
-    lines = ["| preset | env | steps | seeds | eval mean ± std | IQM [95% CI] | target | eval IQM (sample "
-             "efficiency) | SPS | wall time |" + (" plot |" if plots is not None else ""),
-             "|---" * (10 + (plots is not None)) + "|"]
+    lines = [
+        "| preset | env | steps | seeds | eval mean ± std | IQM [95% CI] | target | eval IQM (sample "
+        "efficiency) | SPS | wall time |" + (" plot |" if plots is not None else ""),
+        "|---" * (10 + (plots is not None)) + "|",
+    ]
     for name, p in results["presets"].items():
         stats = p["eval_mean"]
-        row = [name, p["env_id"], "/".join(f"{s:,}" for s in p["total_steps"]), _seeds(p), _score(stats),
-               _interval(stats["iqm"], stats["iqm_ci95"]), _target(p["target"]), _efficiency(p["sample_efficiency"]),
-               _num(p["sps_mean"], 0), _num(p["wall_time_s_mean"] and p["wall_time_s_mean"] / 60) + " min"]
+        row = [
+            name,
+            p["env_id"],
+            "/".join(f"{s:,}" for s in p["total_steps"]),
+            _seeds(p),
+            _score(stats),
+            _interval(stats["iqm"], stats["iqm_ci95"]),
+            _target(p["target"]),
+            _efficiency(p["sample_efficiency"]),
+            _num(p["sps_mean"], 0),
+            _num(p["wall_time_s_mean"] and p["wall_time_s_mean"] / 60) + " min",
+        ]
         if plots is not None:
             row.append(_plot_link(plots, name, prefix))
         lines.append("| " + " | ".join(row) + " |")
@@ -235,29 +311,43 @@ def provenance_line(prov: dict[str, list[str]]) -> str:
 
     versions = "; ".join(f"{lib} {one(lib)}" for lib in ("torch", "gymnasium", "ale-py"))
     notes = "".join(f" ({note})" for note in prov.get("notes", []))
-    return (f"runs at commit(s) {one('commit')} (dirty: {one('dirty')}), on {one('host')}, device(s) {one('device')}; "
-            f"{versions}{notes}")
+    return (
+        f"runs at commit(s) {one('commit')} (dirty: {one('dirty')}), on {one('host')}, device(s) {one('device')}; "
+        f"{versions}{notes}"
+    )
 
 
 def _seed_text(r: dict[str, Any]) -> str:
-    score = _num(r["summary"]["eval_mean"]) if r["status"] == "ok" else f"**failed** ({r['reason']})"
+    score = (
+        _num(r["summary"]["eval_mean"]) if r["status"] == "ok" else f"**failed** ({r['reason']})"
+    )
     return f"seed {r['seed']}: {score}" + (" (resumed)" if r.get("resumed") else "")
 
 
-def _preset_section(name: str, p: dict[str, Any], runs: list[dict[str, Any]], plots: Path | None) -> list[str]:
+def _preset_section(
+    name: str, p: dict[str, Any], runs: list[dict[str, Any]], plots: Path | None
+) -> list[str]:
     cross = p["train_crossing"]
-    lines = [f"### {name}", "", f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
-             f"- ours: {_score(p['eval_mean'])} (IQM {_interval(p['eval_mean']['iqm'], p['eval_mean']['iqm_ci95'])}); "
-             + ", ".join(_seed_text(r) for r in runs),
-             f"- sample efficiency: evaluation IQM across seeds {_efficiency(p['sample_efficiency'])}"]
+    lines = [
+        f"### {name}",
+        "",
+        f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
+        f"- ours: {_score(p['eval_mean'])} (IQM {_interval(p['eval_mean']['iqm'], p['eval_mean']['iqm_ci95'])}); "
+        + ", ".join(_seed_text(r) for r in runs),
+        f"- sample efficiency: evaluation IQM across seeds {_efficiency(p['sample_efficiency'])}",
+    ]
     if cross["threshold"] is not None:
         steps = ", ".join(f"{s:,}" if s is not None else "never" for s in cross["steps"])
-        lines.append(f"- training {cross['window']}-episode average (exploration included) first ≥ "
-                     f"{cross['threshold']:g} at: {steps}")
+        lines.append(
+            f"- training {cross['window']}-episode average (exploration included) first ≥ "
+            f"{cross['threshold']:g} at: {steps}"
+        )
     if p["normalised"]:
         n = p["normalised"]
-        lines.append(f"- {n['name']}-normalised: IQM {_interval(n['iqm'], n['iqm_ci95'], 3)} "
-                     f"(random {n['random']:g}, {n['name']} {n['reference']:g}; {n['source']})")
+        lines.append(
+            f"- {n['name']}-normalised: IQM {_interval(n['iqm'], n['iqm_ci95'], 3)} "
+            f"(random {n['random']:g}, {n['name']} {n['reference']:g}; {n['source']})"
+        )
     lines.append(f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB")
     if p["dataset"]:
         lines.append(f"- dataset: {p['dataset']}")
@@ -268,32 +358,62 @@ def _preset_section(name: str, p: dict[str, Any], runs: list[dict[str, Any]], pl
 
 
 def render_report(results: dict[str, Any], plots: Path | None) -> str:
-    lines = [f"# Benchmark sweep `{results['sweep']}` ({results['mode']})", "",
-             f"- {provenance_line(results['provenance'])}",
-             f"- reported {results['reported']}; per-run provenance in the table at the end",
-             "- command(s):", *[f"  - `{c}`" for c in results["commands"]], "",
-             "## Results", "", *preset_table(results, plots), ""]
+    lines = [
+        f"# Benchmark sweep `{results['sweep']}` ({results['mode']})",
+        "",
+        f"- {provenance_line(results['provenance'])}",
+        f"- reported {results['reported']}; per-run provenance in the table at the end",
+        "- command(s):",
+        *[f"  - `{c}`" for c in results["commands"]],
+        "",
+        "## Results",
+        "",
+        *preset_table(results, plots),
+        "",
+    ]
     if results["groups"]:
         lines += ["## Comparison groups", ""]
         for group, names in results["groups"].items():
-            lines.append(f"- {group}: {', '.join(names)} — {_plot_link(plots, f'group-{group}', '')}")
+            lines.append(
+                f"- {group}: {', '.join(names)} — {_plot_link(plots, f'group-{group}', '')}"
+            )
         lines.append("")
     if results["normalised"]:
-        lines += ["## Normalised scores", "", "| algorithm | normalised by | presets | IQM [95% CI] |", "|---|---|---|---|"]
+        lines += [
+            "## Normalised scores",
+            "",
+            "| algorithm | normalised by | presets | IQM [95% CI] |",
+            "|---|---|---|---|",
+        ]
         for agg in results["normalised"]:
-            lines.append(f"| {agg['algo']} | {agg['normaliser']} | {', '.join(agg['presets'])} | "
-                         f"{_interval(agg['iqm'], agg['iqm_ci95'], 3)} |")
+            lines.append(
+                f"| {agg['algo']} | {agg['normaliser']} | {', '.join(agg['presets'])} | "
+                f"{_interval(agg['iqm'], agg['iqm_ci95'], 3)} |"
+            )
         lines.append("")
     for name, p in results["presets"].items():
-        lines += _preset_section(name, p, [r for r in results["runs"] if r["preset"] == name], plots)
+        lines += _preset_section(
+            name, p, [r for r in results["runs"] if r["preset"] == name], plots
+        )
     failed = [r for r in results["runs"] if r["status"] != "ok"]
     if failed:
         lines += ["## Failed runs", ""]
         for r in failed:
             resumed = " (resumed)" if r.get("resumed") else ""
-            lines += [f"### {r['preset']} seed{r['seed']}{resumed}: {r['reason']}", "", "```", r["log_tail"], "```", ""]
-    lines += ["## Provenance", "", "| run | status | commit | dirty | host | device | torch | gymnasium | ale-py |",
-              "|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                f"### {r['preset']} seed{r['seed']}{resumed}: {r['reason']}",
+                "",
+                "```",
+                r["log_tail"],
+                "```",
+                "",
+            ]
+    lines += [
+        "## Provenance",
+        "",
+        "| run | status | commit | dirty | host | device | torch | gymnasium | ale-py |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["runs"]:
         prov = r["provenance"]
         versions = prov.get("versions") or {}
@@ -301,13 +421,26 @@ def render_report(results: dict[str, Any], plots: Path | None) -> str:
         if "earlier_attempts" in prov:
             earlier = [_shown(a.get("commit"))[:10] for a in prov["earlier_attempts"] or [{}]]
             commit += f" (resumed from {', '.join(dict.fromkeys(earlier))})"
-        cells = [f"{r['preset']}/seed{r['seed']}", r["status"], commit, _shown(prov.get("dirty")),
-                 _shown(prov.get("host")), _shown(prov.get("device")),
-                 *(_shown(versions.get(lib)) for lib in ("torch", "gymnasium", "ale-py"))]
+        cells = [
+            f"{r['preset']}/seed{r['seed']}",
+            r["status"],
+            commit,
+            _shown(prov.get("dirty")),
+            _shown(prov.get("host")),
+            _shown(prov.get("device")),
+            *(_shown(versions.get(lib)) for lib in ("torch", "gymnasium", "ale-py")),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Statistics", "", results["statistics"], "",
-              "Mean ± std: over the finished seeds, population std (ddof=0). Scores are each run's final "
-              "`eval_mean` from summary.json.", ""]
+    lines += [
+        "",
+        "## Statistics",
+        "",
+        results["statistics"],
+        "",
+        "Mean ± std: over the finished seeds, population std (ddof=0). Scores are each run's final "
+        "`eval_mean` from summary.json.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -330,50 +463,86 @@ def _save(plt: Any, fig: Any, path: Path) -> None:
 def _reference_lines(ax: Any, references: list[dict[str, Any]]) -> None:
     for i, ref in enumerate(references):
         if is_number(ref["score"]):
-            ax.axhline(ref["score"], color=f"C{7 + i % 3}", linestyle=":", label=f"{ref['name']} ({ref['score']:g})")
+            ax.axhline(
+                ref["score"],
+                color=f"C{7 + i % 3}",
+                linestyle=":",
+                label=f"{ref['name']} ({ref['score']:g})",
+            )
 
 
-def plot_preset(name: str, records: list[dict[str, Any]], target: float | None, window: int,
-                eval_iqm: list[tuple[int, float]], path: Path) -> None:
+def plot_preset(
+    name: str,
+    records: list[dict[str, Any]],
+    target: float | None,
+    window: int,
+    eval_iqm: list[tuple[int, float]],
+    path: Path,
+) -> None:
     """Return vs env steps: the mean over seeds of each seed's moving-average training curve,
     min-max shaded, every evaluation point, and the evaluation IQM across seeds."""
     plt, fig, axes = _figure()
     ax = axes[0, 0]
-    curves = [np.asarray(r["curves"]["train"], dtype=float) for r in records if r["curves"]["train"]]
+    curves = [
+        np.asarray(r["curves"]["train"], dtype=float) for r in records if r["curves"]["train"]
+    ]
     if curves:
         end = max(c[-1, 0] for c in curves)
         grid = np.linspace(0, end, PLOT_POINTS)
         rows = []
         for c in curves:
-            smooth = np.convolve(c[:, 1], np.ones(window), "valid") / window if len(c) >= window else c[:, 1]
-            x = c[len(c) - len(smooth):, 0]
-            rows.append(np.where((grid >= x[0]) & (grid <= x[-1]), np.interp(grid, x, smooth), np.nan))
+            smooth = (
+                np.convolve(c[:, 1], np.ones(window), "valid") / window
+                if len(c) >= window
+                else c[:, 1]
+            )
+            x = c[len(c) - len(smooth) :, 0]
+            rows.append(
+                np.where((grid >= x[0]) & (grid <= x[-1]), np.interp(grid, x, smooth), np.nan)
+            )
         stack = np.array(rows)
         seen = ~np.all(np.isnan(stack), axis=0)
-        ax.plot(grid[seen], np.nanmean(stack[:, seen], axis=0), label=f"training ({window}-episode average)")
-        ax.fill_between(grid[seen], np.nanmin(stack[:, seen], axis=0), np.nanmax(stack[:, seen], axis=0), alpha=0.25,
-                        label="min-max over seeds")
+        ax.plot(
+            grid[seen],
+            np.nanmean(stack[:, seen], axis=0),
+            label=f"training ({window}-episode average)",
+        )
+        ax.fill_between(
+            grid[seen],
+            np.nanmin(stack[:, seen], axis=0),
+            np.nanmax(stack[:, seen], axis=0),
+            alpha=0.25,
+            label="min-max over seeds",
+        )
     for i, r in enumerate(records):
         if r["curves"]["eval"]:
             steps, values = zip(*r["curves"]["eval"])
-            ax.scatter(steps, values, s=12, color="black", label="evaluation" if i == 0 else None, zorder=3)
+            ax.scatter(
+                steps, values, s=12, color="black", label="evaluation" if i == 0 else None, zorder=3
+            )
     if eval_iqm:
         steps, values = zip(*eval_iqm)
         ax.plot(steps, values, color="black", label="evaluation IQM across seeds", zorder=3)
     if target is not None:
         ax.axhline(target, color="gray", linestyle="--", label="target")
-    ax.set(title=f"{name} ({len(records)} seeds)", xlabel="environment steps", ylabel="episodic return")
+    ax.set(
+        title=f"{name} ({len(records)} seeds)", xlabel="environment steps", ylabel="episodic return"
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small")
     _save(plt, fig, path)
 
 
-def plot_group(group: str, results: dict[str, Any], records: list[dict[str, Any]], path: Path) -> None:
+def plot_group(
+    group: str, results: dict[str, Any], records: list[dict[str, Any]], path: Path
+) -> None:
     """The presets of one comparison group on one chart: each seed's final evaluation with the
     IQM and its interval and, where curves were stored, the evaluation IQM across seeds against
     env steps; the numeric peer references as dotted lines."""
     names = results["groups"][group]
-    curves = {name: results["presets"][name]["sample_efficiency"]["eval_iqm_curve"] for name in names}
+    curves = {
+        name: results["presets"][name]["sample_efficiency"]["eval_iqm_curve"] for name in names
+    }
     plt, fig, axes = _figure(2 if any(curves.values()) else 1)
     final_ax = axes[0, 0]
     references: dict[str, dict[str, Any]] = {}
@@ -382,18 +551,37 @@ def plot_group(group: str, results: dict[str, Any], records: list[dict[str, Any]
         if curves[name]:
             steps, values = zip(*curves[name])
             axes[0, 1].plot(steps, values, color=color, marker="o", markersize=3, label=name)
-        scores = [r["summary"]["eval_mean"] for r in records if r["preset"] == name and r["status"] == "ok"]
+        scores = [
+            r["summary"]["eval_mean"]
+            for r in records
+            if r["preset"] == name and r["status"] == "ok"
+        ]
         final_ax.scatter([i] * len(scores), scores, color=color, alpha=0.6, s=18)
         stats = p["eval_mean"]
         if stats["iqm"] is not None:
             low, high = stats["iqm_ci95"] or (stats["iqm"], stats["iqm"])
-            final_ax.errorbar([i + 0.15], [stats["iqm"]], yerr=[[stats["iqm"] - low], [high - stats["iqm"]]], fmt="D",
-                              color=color, capsize=4, label=f"{name}: IQM" + (" [95% CI]" if stats["iqm_ci95"] else ""))
+            final_ax.errorbar(
+                [i + 0.15],
+                [stats["iqm"]],
+                yerr=[[stats["iqm"] - low], [high - stats["iqm"]]],
+                fmt="D",
+                color=color,
+                capsize=4,
+                label=f"{name}: IQM" + (" [95% CI]" if stats["iqm_ci95"] else ""),
+            )
         references.update({ref["name"]: ref for ref in p["references"]})
-    final_ax.set(title=f"{group}: final evaluation per seed", xticks=range(len(names)), xticklabels=names,
-                 ylabel="episodic return")
+    final_ax.set(
+        title=f"{group}: final evaluation per seed",
+        xticks=range(len(names)),
+        xticklabels=names,
+        ylabel="episodic return",
+    )
     if axes.shape[1] == 2:
-        axes[0, 1].set(title="evaluation IQM across seeds", xlabel="environment steps", ylabel="episodic return")
+        axes[0, 1].set(
+            title="evaluation IQM across seeds",
+            xlabel="environment steps",
+            ylabel="episodic return",
+        )
     for ax in axes[0]:
         _reference_lines(ax, list(references.values()))
         ax.legend(loc="best", fontsize="small")
@@ -412,13 +600,22 @@ def report_sweep(sweep: dict[str, Any], out_dir: Path, with_plots: bool) -> dict
             runs = [r for r in records if r["preset"] == name]
             if any(r["curves"]["train"] or r["curves"]["eval"] for r in runs):
                 preset = presets[name]
-                plot_preset(name, runs, preset.target.threshold if preset.target else None, preset.curve_window,
-                            results["presets"][name]["sample_efficiency"]["eval_iqm_curve"],
-                            out_dir / "plots" / f"{name}.png")
+                plot_preset(
+                    name,
+                    runs,
+                    preset.target.threshold if preset.target else None,
+                    preset.curve_window,
+                    results["presets"][name]["sample_efficiency"]["eval_iqm_curve"],
+                    out_dir / "plots" / f"{name}.png",
+                )
         for group in results["groups"]:
             plot_group(group, results, records, out_dir / "plots" / f"group-{group}.png")
     write_json(out_dir / "results.json", results)
-    write_json(out_dir / CURVES_NAME, {f"{r['preset']}/seed{r['seed']}": r["curves"] for r in records}, indent=None)
+    write_json(
+        out_dir / CURVES_NAME,
+        {f"{r['preset']}/seed{r['seed']}": r["curves"] for r in records},
+        indent=None,
+    )
     write_json(out_dir / MANIFEST_NAME, sweep["manifest"])
     write_atomic(out_dir / "report.md", render_report(results, out_dir if with_plots else None))
     return results
@@ -432,14 +629,28 @@ def update_readme(readme: Path, results_dir: Path) -> None:
     sweep_dir = results_dir / json.loads(latest.read_text())["sweep"]
     results = json.loads((sweep_dir / "results.json").read_text())
     text = readme.read_text() if readme.exists() else ""
-    if text.count(README_START) != 1 or text.count(README_END) != 1 or text.index(README_START) > text.index(README_END):
-        raise ZooError(f"{readme} needs one '{README_START}' line followed by one '{README_END}' line")
+    if (
+        text.count(README_START) != 1
+        or text.count(README_END) != 1
+        or text.index(README_START) > text.index(README_END)
+    ):
+        raise ZooError(
+            f"{readme} needs one '{README_START}' line followed by one '{README_END}' line"
+        )
     prefix = os.path.relpath(sweep_dir, readme.parent).replace(os.sep, "/") + "/"
-    block = [README_START, "<!-- generated by `python -m benchmark readme` from results/latest; do not edit -->", "",
-             f"Sweep `{results['sweep']}`: {provenance_line(results['provenance'])}. Command:", "",
-             *[f"    {c}" for c in results["commands"]], "",
-             *preset_table(results, sweep_dir, prefix), "",
-             f"Full report: [{prefix}report.md]({prefix}report.md).", README_END]
+    block = [
+        README_START,
+        "<!-- generated by `python -m benchmark readme` from results/latest; do not edit -->",
+        "",
+        f"Sweep `{results['sweep']}`: {provenance_line(results['provenance'])}. Command:",
+        "",
+        *[f"    {c}" for c in results["commands"]],
+        "",
+        *preset_table(results, sweep_dir, prefix),
+        "",
+        f"Full report: [{prefix}report.md]({prefix}report.md).",
+        README_END,
+    ]
     head, rest = text.split(README_START)
     tail = rest.split(README_END, 1)[1]
     write_atomic(readme, head + "\n".join(block) + tail)

@@ -35,17 +35,28 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .aggregate import crossing_step
 from .manifest import ArgValue, Dataset, Mode, Preset, ZooError, is_number
 
-SUMMARY_KEYS = ("script", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
-                "wall_time_s", "sps", "peak_rss_mb")
+SUMMARY_KEYS = (
+    "script",
+    "env_id",
+    "seed",
+    "global_step",
+    "eval_mean",
+    "eval_std",
+    "eval_episodes",
+    "wall_time_s",
+    "sps",
+    "peak_rss_mb",
+)
 LOG_NAME, RECORD_NAME, MANIFEST_NAME = "benchmark.log", "run.json", "manifest.json"
 # In a run dir: the code and host of each attempt that trained it (a resumed run spans several).
 ATTEMPTS_NAME = "attempts.json"
@@ -63,9 +74,11 @@ PROGRESS_LINE = re.compile(rb"step ([\d,]+)/([\d,]+) \|")
 # exit) when the thread that started it dies, so a killed runner or Ray worker leaves no training
 # process behind (runs have their own session for the time limit's group kill, which takes them
 # out of reach of the clean-up of Ray and of the terminal).
-LAUNCHER = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-            "os.getppid() == int(sys.argv[1]) or sys.exit('benchmark: the runner exited before the run started'); "
-            "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+LAUNCHER = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or sys.exit('benchmark: the runner exited before the run started'); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -116,8 +129,17 @@ class Job:
 
     def argv(self, script: str | Path, run_dir: str | Path) -> list[str]:
         """The algorithm's command line, without the interpreter."""
-        argv = [str(script), "--env-id", self.preset.env_id, "--seed", str(self.seed),
-                "--total-steps", str(self.total_steps), "--run-dir", str(run_dir)]
+        argv = [
+            str(script),
+            "--env-id",
+            self.preset.env_id,
+            "--seed",
+            str(self.seed),
+            "--total-steps",
+            str(self.total_steps),
+            "--run-dir",
+            str(run_dir),
+        ]
         for flag, value in self.args.items():
             if isinstance(value, bool):
                 argv.append(f"--{flag}" if value else f"--no-{flag}")
@@ -129,11 +151,21 @@ class Job:
 
     def command(self, resume: str | None = None) -> list[str]:
         """The command as records keep it: paths relative to the repository."""
-        return self.argv(relative(self.preset.script), relative(self.run_dir)) + (["--resume", resume] if resume else [])
+        return self.argv(relative(self.preset.script), relative(self.run_dir)) + (
+            ["--resume", resume] if resume else []
+        )
 
 
-def plan_jobs(presets: list[Preset], mode: Mode, sweep_dir: Path, *, seeds: int | None = None,
-              steps_scale: float = 1.0, total_steps: int | None = None, timeout_scale: float = 1.0) -> list[Job]:
+def plan_jobs(
+    presets: list[Preset],
+    mode: Mode,
+    sweep_dir: Path,
+    *,
+    seeds: int | None = None,
+    steps_scale: float = 1.0,
+    total_steps: int | None = None,
+    timeout_scale: float = 1.0,
+) -> list[Job]:
     """One job per preset and seed; smoke runs use one seed."""
     jobs = []
     for preset in presets:
@@ -141,20 +173,31 @@ def plan_jobs(presets: list[Preset], mode: Mode, sweep_dir: Path, *, seeds: int 
         steps = total_steps or max(1, round(budget.total_steps * steps_scale))
         n_seeds = 1 if mode == "smoke" else seeds or budget.seeds
         for seed in range(1, n_seeds + 1):
-            jobs.append(Job(
-                preset=preset, seed=seed, total_steps=steps, timeout_s=budget.timeout_s * timeout_scale,
-                args={**preset.args, **budget.args}, required_tags=budget.required_tags,
-                run_dir=sweep_dir / preset.name / f"seed{seed}", memory_gb=budget.memory_gb,
-            ))
+            jobs.append(
+                Job(
+                    preset=preset,
+                    seed=seed,
+                    total_steps=steps,
+                    timeout_s=budget.timeout_s * timeout_scale,
+                    args={**preset.args, **budget.args},
+                    required_tags=budget.required_tags,
+                    run_dir=sweep_dir / preset.name / f"seed{seed}",
+                    memory_gb=budget.memory_gb,
+                )
+            )
     return jobs
 
 
 def _without_time_limits(table: dict[str, Any]) -> dict[str, Any]:
-    return {k: {kk: vv for kk, vv in v.items() if kk != "timeout_s"} if k in ("smoke", "full") else v
-            for k, v in table.items()}
+    return {
+        k: {kk: vv for kk, vv in v.items() if kk != "timeout_s"} if k in ("smoke", "full") else v
+        for k, v in table.items()
+    }
 
 
-def open_sweep(sweep_dir: Path, mode: Mode, budget: dict[str, Any], command: str, presets: list[Preset]) -> None:
+def open_sweep(
+    sweep_dir: Path, mode: Mode, budget: dict[str, Any], command: str, presets: list[Preset]
+) -> None:
     """Create or reopen a sweep; refuse to mix budgets or preset definitions under one name.
     Keeps a copy of each preset's table (time limits may change between invocations)."""
     path, manifest_path = sweep_dir / "sweep.json", sweep_dir / MANIFEST_NAME
@@ -163,27 +206,42 @@ def open_sweep(sweep_dir: Path, mode: Mode, budget: dict[str, Any], command: str
     if path.exists():
         old = json.loads(path.read_text())
         if (old["mode"], old["budget"]) != (mode, budget):
-            raise ZooError(f"sweep '{sweep_dir.name}' was run as {old['mode']} with budget {old['budget']}, "
-                           f"not {mode} with {budget}; choose another --name")
+            raise ZooError(
+                f"sweep '{sweep_dir.name}' was run as {old['mode']} with budget {old['budget']}, "
+                f"not {mode} with {budget}; choose another --name"
+            )
         meta = old
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     for preset in presets:
-        if preset.name in manifest and _without_time_limits(manifest[preset.name]) != _without_time_limits(preset.table):
-            raise ZooError(f"zoo preset '{preset.name}' changed since sweep '{sweep_dir.name}' ran it; "
-                           "choose another --name (or restore the preset)")
+        if preset.name in manifest and _without_time_limits(
+            manifest[preset.name]
+        ) != _without_time_limits(preset.table):
+            raise ZooError(
+                f"zoo preset '{preset.name}' changed since sweep '{sweep_dir.name}' ran it; "
+                "choose another --name (or restore the preset)"
+            )
         manifest[preset.name] = preset.table
     meta["commands"].append(command)
     write_json(path, meta)
     write_json(manifest_path, manifest)
 
 
-def _build_dataset(env_id: str, dataset: Dataset, algos_dir: Path, log: io.TextIOBase) -> tuple[bool, str]:
+def _build_dataset(
+    env_id: str, dataset: Dataset, algos_dir: Path, log: io.TextIOBase
+) -> tuple[bool, str]:
     """(whether it is there, the maker's last line or its one-line failure), with its output in `log`."""
     from . import datasets  # Minari and Gymnasium only for sweeps that need a dataset
 
-    args = datasets.Args(env_id=env_id, dataset_id=dataset.dataset_id, episodes=dataset.episodes, noise=dataset.noise,
-                         seed=dataset.seed, root=None if dataset.root is None else Path(dataset.root),
-                         checkpoint=None if dataset.checkpoint is None else Path(dataset.checkpoint), algos_dir=algos_dir)
+    args = datasets.Args(
+        env_id=env_id,
+        dataset_id=dataset.dataset_id,
+        episodes=dataset.episodes,
+        noise=dataset.noise,
+        seed=dataset.seed,
+        root=None if dataset.root is None else Path(dataset.root),
+        checkpoint=None if dataset.checkpoint is None else Path(dataset.checkpoint),
+        algos_dir=algos_dir,
+    )
     out = io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(out):
@@ -198,7 +256,9 @@ def _build_dataset(env_id: str, dataset: Dataset, algos_dir: Path, log: io.TextI
     return ok, line
 
 
-def build_datasets(presets: list[Preset], algos_dir: Path, log_path: Path, *, ray: bool = False) -> dict[str, str]:
+def build_datasets(
+    presets: list[Preset], algos_dir: Path, log_path: Path, *, ray: bool = False
+) -> dict[str, str]:
     """Build each distinct dataset the presets read, once, in this process, appending the output to
     `log_path` and printing one line per dataset. Returns, per preset whose dataset is missing, the
     one-line reason its runs fail with. `ray`: the runs read the dataset on Ray workers, in folders
@@ -211,19 +271,31 @@ def build_datasets(presets: list[Preset], algos_dir: Path, log_path: Path, *, ra
     for (env_id, dataset), names in needs.items():
         where = ""
         if ray and dataset.root is not None and not Path(dataset.root).is_absolute():
-            ok, line = False, (f"its root {dataset.root} is relative, and Ray runs execute in folders of their own; "
-                               "give the dataset an absolute root on a folder every node mounts, or use --backend local")
+            ok, line = (
+                False,
+                (
+                    f"its root {dataset.root} is relative, and Ray runs execute in folders of their own; "
+                    "give the dataset an absolute root on a folder every node mounts, or use --backend local"
+                ),
+            )
         else:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a") as log:
-                log.write(f"--- {dataset.command(env_id)} (for {', '.join(names)}) at {now()} ---\n")
+                log.write(
+                    f"--- {dataset.command(env_id)} (for {', '.join(names)}) at {now()} ---\n"
+                )
                 ok, line = _build_dataset(env_id, dataset, algos_dir, log)
             where = f" (output in {relative(log_path)})"
         if ok:
             print(f"dataset {dataset.dataset_id} for {', '.join(names)}: {line}", flush=True)
         else:
-            print(f"dataset {dataset.dataset_id} for {', '.join(names)} FAILED: {line}{where}", flush=True)
-            failed.update((name, f"dataset {dataset.dataset_id} not built: {line}") for name in names)
+            print(
+                f"dataset {dataset.dataset_id} for {', '.join(names)} FAILED: {line}{where}",
+                flush=True,
+            )
+            failed.update(
+                (name, f"dataset {dataset.dataset_id} not built: {line}") for name in names
+            )
     return failed
 
 
@@ -268,11 +340,22 @@ def log_progress(log_path: Path) -> tuple[int, int] | None:
             matches = PROGRESS_LINE.findall(log.read())
     except OSError:
         return None
-    return (int(matches[-1][0].replace(b",", b"")), int(matches[-1][1].replace(b",", b""))) if matches else None
+    return (
+        (int(matches[-1][0].replace(b",", b"")), int(matches[-1][1].replace(b",", b"")))
+        if matches
+        else None
+    )
 
 
-def execute(argv: list[str], cwd: Path, log_path: Path, timeout_s: float, threads: int,
-            env: dict[str, str] | None = None, on_poll: Callable[[tuple[int, int] | None], None] | None = None) -> dict[str, Any]:
+def execute(
+    argv: list[str],
+    cwd: Path,
+    log_path: Path,
+    timeout_s: float,
+    threads: int,
+    env: dict[str, str] | None = None,
+    on_poll: Callable[[tuple[int, int] | None], None] | None = None,
+) -> dict[str, Any]:
     """Run `python <argv>` in its own process group with stdout and stderr into `log_path`,
     calling `on_poll` with its progress every POLL_S seconds.
 
@@ -280,14 +363,30 @@ def execute(argv: list[str], cwd: Path, log_path: Path, timeout_s: float, thread
     group gets SIGTERM (the contract: save a checkpoint and exit), then SIGKILL after a grace
     period. The log is appended to, so that a resumed run keeps the output of its earlier attempts.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1", **(env or {})}
-    launch = [sys.executable, "-c", LAUNCHER, str(os.getpid())] if sys.platform == "linux" else [sys.executable]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    launch = (
+        [sys.executable, "-c", LAUNCHER, str(os.getpid())]
+        if sys.platform == "linux"
+        else [sys.executable]
+    )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([*launch, *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [*launch, *argv],
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         with _running_lock:
             _running.add(proc)
         timed_out = False
@@ -309,8 +408,12 @@ def execute(argv: list[str], cwd: Path, log_path: Path, timeout_s: float, thread
         finally:
             with _running_lock:
                 _running.discard(proc)
-    return {"returncode": proc.returncode, "timed_out": timed_out,
-            "wall_time_s": round(time.monotonic() - start, 2), "timeout_s": timeout_s}
+    return {
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "wall_time_s": round(time.monotonic() - start, 2),
+        "timeout_s": timeout_s,
+    }
 
 
 def read_scalars(run_dir: Path, tags: list[str]) -> dict[str, list[tuple[int, float]]]:
@@ -320,7 +423,9 @@ def read_scalars(run_dir: Path, tags: list[str]) -> dict[str, list[tuple[int, fl
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     logged = set(acc.Tags().get("scalars", []))
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] if tag in logged else [] for tag in tags}
+    return {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)] if tag in logged else [] for tag in tags
+    }
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -348,7 +453,9 @@ def check_run(job: Job, run_dir: Path, result: dict[str, Any]) -> dict[str, Any]
         if missing:
             problems.append(f"summary.json lacks {', '.join(missing)}")
         elif not is_number(summary["eval_mean"]):
-            problems.append(f"summary.json eval_mean is {summary['eval_mean']!r}, not a finite number")
+            problems.append(
+                f"summary.json eval_mean is {summary['eval_mean']!r}, not a finite number"
+            )
     elif not problems:
         problems.append("no summary.json")
     curves_tags = sorted({*job.required_tags, "charts/episodic_return", "eval/episodic_return"})
@@ -359,12 +466,20 @@ def check_run(job: Job, run_dir: Path, result: dict[str, Any]) -> dict[str, Any]
             problems.append(f"no TensorBoard scalars for {', '.join(absent)}")
     preset = job.preset
     return {
-        "status": "failed" if problems else "ok", "reason": "; ".join(problems), **result,
+        "status": "failed" if problems else "ok",
+        "reason": "; ".join(problems),
+        **result,
         "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
-                   | {"eval_returns": summary.get("eval_returns", [])},
-        "crossing_step": None if preset.curve_threshold is None else crossing_step(
-            curves["charts/episodic_return"], preset.curve_threshold, preset.curve_window),
-        "curves": {"train": curves["charts/episodic_return"], "eval": curves["eval/episodic_return"]},
+        | {"eval_returns": summary.get("eval_returns", [])},
+        "crossing_step": None
+        if preset.curve_threshold is None
+        else crossing_step(
+            curves["charts/episodic_return"], preset.curve_threshold, preset.curve_window
+        ),
+        "curves": {
+            "train": curves["charts/episodic_return"],
+            "eval": curves["eval/episodic_return"],
+        },
         "log_tail": log_tail(run_dir / LOG_NAME) if problems else "",
     }
 
@@ -377,8 +492,13 @@ def start_attempt(run_dir: Path, code: dict[str, Any]) -> None:
     write_json(path, [*attempts, {**code, "host": platform.node(), "started": now()}])
 
 
-def make_record(job: Job, checked: dict[str, Any], command: list[str], provenance: dict[str, Any],
-                resumed: bool = False) -> dict[str, Any]:
+def make_record(
+    job: Job,
+    checked: dict[str, Any],
+    command: list[str],
+    provenance: dict[str, Any],
+    resumed: bool = False,
+) -> dict[str, Any]:
     """Write a run's record (`run.json`) from `check_run`'s result; `resumed`: this attempt
     continued from an earlier attempt's checkpoint; `provenance`: the code's version and the host's.
     A resumed run's provenance adds `earlier_attempts` (see `start_attempt`; None where the folder
@@ -387,10 +507,21 @@ def make_record(job: Job, checked: dict[str, Any], command: list[str], provenanc
     if resumed:
         path = job.run_dir / ATTEMPTS_NAME
         attempts = json.loads(path.read_text()) if path.exists() else []
-        provenance = {**provenance, "earlier_attempts": attempts[:-1] if len(attempts) > 1 else None}
-    record = {"preset": preset.name, "algo": preset.algo, "env_id": preset.env_id, "seed": job.seed,
-              "total_steps": job.total_steps, "resumed": resumed, "command": command, **checked,
-              "provenance": provenance}
+        provenance = {
+            **provenance,
+            "earlier_attempts": attempts[:-1] if len(attempts) > 1 else None,
+        }
+    record = {
+        "preset": preset.name,
+        "algo": preset.algo,
+        "env_id": preset.env_id,
+        "seed": job.seed,
+        "total_steps": job.total_steps,
+        "resumed": resumed,
+        "command": command,
+        **checked,
+        "provenance": provenance,
+    }
     write_json(job.run_dir / RECORD_NAME, record)
     return record
 

@@ -48,7 +48,9 @@ def run_script(
 
 def check_ok(proc: subprocess.CompletedProcess) -> None:
     """Fail with the process's output tail when it did not exit 0."""
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-3000:]}"
+    )
 
 
 def check_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -59,7 +61,9 @@ def check_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
     last = lines[-1]
     for fragment in fragments:
         assert fragment.lower() in last.lower(), f"{fragment!r} not in last stderr line: {last!r}"
-    assert "Traceback" not in proc.stderr, f"traceback instead of a one-line message:\n{proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr, (
+        f"traceback instead of a one-line message:\n{proc.stderr[-2000:]}"
+    )
 
 
 def scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
@@ -101,7 +105,9 @@ class FakeWandb(types.ModuleType):
         self.run, self.calls = None, []
 
     def init(self, **kwargs):
-        self.calls.append(("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*"))))
+        self.calls.append(
+            ("init", sorted(p.name for p in Path(kwargs["dir"]).glob("events.out.tfevents*")))
+        )
         self.run = object()
         return self.run
 
@@ -163,7 +169,10 @@ class ScriptedGames:
 
     def __init__(self, events, frame_stack=4):
         self.events, self.steps, self.actions = events, 0, []
-        self.obs, self.lives = np.zeros((len(events), frame_stack, 84, 84), np.uint8), np.full(len(events), 5)
+        self.obs, self.lives = (
+            np.zeros((len(events), frame_stack, 84, 84), np.uint8),
+            np.full(len(events), 5),
+        )
         self.single_action_space = types.SimpleNamespace(n=4)
 
     def reset(self, seed=None):
@@ -174,8 +183,17 @@ class ScriptedGames:
         self.actions.append(actions.copy())
         kinds = [events.get(self.steps) for events in self.events]
         self.lives -= np.array([k == "life" for k in kinds])
-        term, trunc = np.array([k == "term" for k in kinds]), np.array([k == "trunc" for k in kinds])
-        return self.obs, np.ones(len(kinds)), term, trunc, {"lives": self.lives.copy(), "final_obs": self.obs}
+        term, trunc = (
+            np.array([k == "term" for k in kinds]),
+            np.array([k == "trunc" for k in kinds]),
+        )
+        return (
+            self.obs,
+            np.ones(len(kinds)),
+            term,
+            trunc,
+            {"lives": self.lives.copy(), "final_obs": self.obs},
+        )
 
     def close(self):
         pass

@@ -13,29 +13,46 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
-from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
-                      sigterm_on_call, summary)
+from conftest import (
+    ALGOS,
+    check_error,
+    check_eval_only_after_move,
+    check_ok,
+    copy_alone,
+    run_script,
+    scalars,
+    sigterm_on_call,
+    summary,
+)
 
 try:
     import psutil
 except ImportError:
     psutil = None
-needs_psutil = pytest.mark.skipif(psutil is None, reason="the actor-process tests watch child processes with psutil")
+needs_psutil = pytest.mark.skipif(
+    psutil is None, reason="the actor-process tests watch child processes with psutil"
+)
 
 spec = importlib.util.spec_from_file_location("appo", ALGOS / "appo.py")
 appo = importlib.util.module_from_spec(spec)
 sys.modules["appo"] = appo  # dataclasses look the module up while the file executes
 spec.loader.exec_module(appo)
 
-SMALL = dict(num_envs=4, num_steps=32, hidden_dim=16, eval_episodes=1, eval_interval=0, checkpoint_interval=0, device="cpu")
+SMALL = dict(
+    num_envs=4,
+    num_steps=32,
+    hidden_dim=16,
+    eval_episodes=1,
+    eval_interval=0,
+    checkpoint_interval=0,
+    device="cpu",
+)
 CLI_SMALL = ["--num-envs", "4", "--num-steps", "32", "--hidden-dim", "16", "--eval-episodes", "1"]
 
 
@@ -43,10 +60,18 @@ def random_rollout(T=9, N=6, seed=0, p_done=0.25):
     """Random rewards, values V(x_0..x_T), ratios on both sides of 1, and episode ends of both kinds (float64)."""
     g = torch.Generator().manual_seed(seed)
     dones = (torch.rand(T, N, generator=g) < p_done).double()
-    terminated = dones * (torch.rand(T, N, generator=g) < 0.5).double()  # the others are truncations
+    terminated = (
+        dones * (torch.rand(T, N, generator=g) < 0.5).double()
+    )  # the others are truncations
     values = torch.randn(T + 1, N, generator=g, dtype=torch.float64)
-    return dict(log_rho=torch.randn(T, N, generator=g, dtype=torch.float64), rewards=torch.randn(T, N, generator=g, dtype=torch.float64),
-                values=values[:-1], next_values=values[1:], terminated=terminated, dones=dones)
+    return dict(
+        log_rho=torch.randn(T, N, generator=g, dtype=torch.float64),
+        rewards=torch.randn(T, N, generator=g, dtype=torch.float64),
+        values=values[:-1],
+        next_values=values[1:],
+        terminated=terminated,
+        dones=dones,
+    )
 
 
 def vtrace_by_definition(d, gamma, lam, rho_bar, c_bar):
@@ -77,14 +102,29 @@ def vtrace_by_definition(d, gamma, lam, rho_bar, c_bar):
 
 
 # ---------------------------------------------------------------- V-trace, GAE, loss
-@pytest.mark.parametrize("gamma, lam, rho_bar, c_bar", [(0.99, 1.0, 1.0, 1.0), (0.9, 0.8, 2.0, 0.5), (0.97, 1.0, 1.5, 1.5)])
+@pytest.mark.parametrize(
+    "gamma, lam, rho_bar, c_bar",
+    [(0.99, 1.0, 1.0, 1.0), (0.9, 0.8, 2.0, 0.5), (0.97, 1.0, 1.5, 1.5)],
+)
 def test_vtrace_matches_the_papers_sum(gamma, lam, rho_bar, c_bar):
     for seed in range(3):
         d = random_rollout(seed=seed)
-        assert (d["log_rho"].exp() > max(rho_bar, c_bar)).any() and (d["log_rho"] < 0).any()  # clipping happens
+        assert (d["log_rho"].exp() > max(rho_bar, c_bar)).any() and (
+            d["log_rho"] < 0
+        ).any()  # clipping happens
         assert ((d["dones"] == 1) & (d["terminated"] == 0)).any() and d["terminated"].any()
-        v_s, adv = appo.vtrace(d["log_rho"], d["rewards"], d["values"], d["next_values"], d["terminated"], d["dones"],
-                               gamma, lam, rho_bar, c_bar)
+        v_s, adv = appo.vtrace(
+            d["log_rho"],
+            d["rewards"],
+            d["values"],
+            d["next_values"],
+            d["terminated"],
+            d["dones"],
+            gamma,
+            lam,
+            rho_bar,
+            c_bar,
+        )
         ref_v, ref_adv = vtrace_by_definition(d, gamma, lam, rho_bar, c_bar)
         np.testing.assert_allclose(v_s.numpy(), ref_v, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-10, atol=1e-10)
@@ -96,8 +136,15 @@ def test_vtrace_on_policy_gives_bootstrapped_returns():
     A_s = v_s - V(x_s), and v_s - V(x_s) is GAE with lambda = 1."""
     d, gamma = random_rollout(seed=4), 0.95
     T, N = d["rewards"].shape
-    v_s, adv = appo.vtrace(torch.zeros(T, N, dtype=torch.float64), d["rewards"], d["values"], d["next_values"],
-                           d["terminated"], d["dones"], gamma)
+    v_s, adv = appo.vtrace(
+        torch.zeros(T, N, dtype=torch.float64),
+        d["rewards"],
+        d["values"],
+        d["next_values"],
+        d["terminated"],
+        d["dones"],
+        gamma,
+    )
     for i in range(N):
         for s in range(T):
             ret, k = 0.0, 0
@@ -105,11 +152,15 @@ def test_vtrace_on_policy_gives_bootstrapped_returns():
                 ret += gamma**k * float(d["rewards"][t, i])
                 k += 1
                 if d["dones"][t, i] or t == T - 1:
-                    ret += 0.0 if d["terminated"][t, i] else gamma**k * float(d["next_values"][t, i])
+                    ret += (
+                        0.0 if d["terminated"][t, i] else gamma**k * float(d["next_values"][t, i])
+                    )
                     break
             assert v_s[s, i].item() == pytest.approx(ret, abs=1e-10)
     torch.testing.assert_close(adv, v_s - d["values"])
-    gae = appo.gae(d["rewards"], d["values"], d["next_values"], d["terminated"], d["dones"], gamma, 1.0)
+    gae = appo.gae(
+        d["rewards"], d["values"], d["next_values"], d["terminated"], d["dones"], gamma, 1.0
+    )
     torch.testing.assert_close(v_s, gae + d["values"])
 
 
@@ -117,7 +168,9 @@ def test_gae_hand_computed():
     g, lam = 0.9, 0.8
     # t0 ordinary, t1 truncated, t2 the autoreset row, t3 ordinary (last row), one env.
     r, v = torch.tensor([[1.0], [2.0], [0.0], [3.0]]), torch.tensor([[0.5], [0.7], [0.9], [1.1]])
-    next_v = torch.tensor([[0.7], [0.9], [1.1], [5.0]])  # next_v[1] = V(real final obs), next_v[3] = V(x_T)
+    next_v = torch.tensor(
+        [[0.7], [0.9], [1.1], [5.0]]
+    )  # next_v[1] = V(real final obs), next_v[3] = V(x_T)
     term, done = torch.zeros(4, 1), torch.tensor([[0.0], [1.0], [0.0], [0.0]])
     A = appo.gae(r, v, next_v, term, done, g, lam)[:, 0]
     a3 = 3.0 + g * 5.0 - 1.1
@@ -126,7 +179,9 @@ def test_gae_hand_computed():
     for t, expected in [(0, a0), (1, a1), (3, a3)]:
         assert A[t].item() == pytest.approx(expected, abs=1e-6)
     term[1] = 1.0  # the same end as a termination: no bootstrap
-    assert appo.gae(r, v, next_v, term, done, g, lam)[1, 0].item() == pytest.approx(2.0 - 0.7, abs=1e-6)
+    assert appo.gae(r, v, next_v, term, done, g, lam)[1, 0].item() == pytest.approx(
+        2.0 - 0.7, abs=1e-6
+    )
 
 
 def test_clipped_loss_hand_computed():
@@ -137,14 +192,23 @@ def test_clipped_loss_hand_computed():
     logp_mu = torch.log(torch.tensor([0.25, 0.25, 1.0, 1.0]))
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     value, v_s = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2.0, 2.0, 1.0, 4.0])
-    loss, stats = appo.appo_loss(logits, value, actions, logp_mu, adv, v_s, clip_coef=0.2, ent_coef=0.1, vf_coef=0.5)
-    surrogate = [min(2 * 1, 1.2 * 1), min(2 * -1, 1.2 * -1), min(0.5 * 1, 0.8 * 1), min(0.5 * -1, 0.8 * -1)]
+    loss, stats = appo.appo_loss(
+        logits, value, actions, logp_mu, adv, v_s, clip_coef=0.2, ent_coef=0.1, vf_coef=0.5
+    )
+    surrogate = [
+        min(2 * 1, 1.2 * 1),
+        min(2 * -1, 1.2 * -1),
+        min(0.5 * 1, 0.8 * 1),
+        min(0.5 * -1, 0.8 * -1),
+    ]
     policy_loss = -sum(surrogate) / 4  # -(1.2 - 2 + 0.5 - 0.8) / 4
     value_loss = 0.5 * (1 + 0 + 4 + 0) / 4
     entropy = math.log(2)
     kl = ((2 - 1 - math.log(2)) * 2 + (0.5 - 1 - math.log(0.5)) * 2) / 4
     assert loss.item() == pytest.approx(policy_loss + 0.5 * value_loss - 0.1 * entropy, abs=1e-6)
-    np.testing.assert_allclose(stats.numpy(), [policy_loss, value_loss, entropy, kl, 1.0], atol=1e-6)
+    np.testing.assert_allclose(
+        stats.numpy(), [policy_loss, value_loss, entropy, kl, 1.0], atol=1e-6
+    )
     loss.backward()
     # Clipped terms pass no gradient (and the entropy's is 0 at the uniform policy): only samples 1 and 2 move pi.
     assert logits.grad[0].abs().max() < 1e-8 and logits.grad[3].abs().max() < 1e-8
@@ -157,13 +221,19 @@ def test_update_equals_the_plain_minibatch_loop(ent_coef):
     foreach clipping, fused Adam) train as the plain loop: a randperm index per minibatch, torch.distributions,
     nn.utils.clip_grad_norm_ per network, Adam's default loop; the same draws, the same weights."""
     from torch.distributions import Categorical
+
     torch.manual_seed(0)
     ours = appo.Agent(4, 3, 16)
     ref = appo.Agent(4, 3, 16)
     ref.load_state_dict(ours.state_dict())
     n, args = 100, appo.Args(update_epochs=3, num_minibatches=4, ent_coef=ent_coef, clip_coef=0.2)
-    batch = {"obs": torch.randn(n, 4), "actions": torch.randint(0, 3, (n,)), "logp_mu": -1 - torch.rand(n),
-             "advantages": 5 * torch.randn(n), "v_s": 10 * torch.randn(n)}  # large: the clipping acts
+    batch = {
+        "obs": torch.randn(n, 4),
+        "actions": torch.randint(0, 3, (n,)),
+        "logp_mu": -1 - torch.rand(n),
+        "advantages": 5 * torch.randn(n),
+        "v_s": 10 * torch.randn(n),
+    }  # large: the clipping acts
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-5, foreach=False)
     torch.manual_seed(1)
     for _ in range(args.update_epochs):
@@ -173,14 +243,23 @@ def test_update_equals_the_plain_minibatch_loop(ent_coef):
             ratio = (dist.log_prob(batch["actions"][mb]) - batch["logp_mu"][mb]).exp()
             adv = batch["advantages"][mb]
             policy_loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
-            loss = policy_loss + 0.5 * 0.5 * (value - batch["v_s"][mb]).pow(2).mean() - ent_coef * dist.entropy().mean()
+            loss = (
+                policy_loss
+                + 0.5 * 0.5 * (value - batch["v_s"][mb]).pow(2).mean()
+                - ent_coef * dist.entropy().mean()
+            )
             ref_opt.zero_grad()
             loss.backward()
-            assert torch.nn.utils.clip_grad_norm_(ref.actor.parameters(), appo.MAX_GRAD_NORM) > appo.MAX_GRAD_NORM
+            assert (
+                torch.nn.utils.clip_grad_norm_(ref.actor.parameters(), appo.MAX_GRAD_NORM)
+                > appo.MAX_GRAD_NORM
+            )
             torch.nn.utils.clip_grad_norm_(ref.critic.parameters(), appo.MAX_GRAD_NORM)
             ref_opt.step()
     torch.manual_seed(1)
-    appo.update(ours, torch.optim.Adam(ours.parameters(), lr=1e-2, eps=1e-5, fused=True), batch, args)
+    appo.update(
+        ours, torch.optim.Adam(ours.parameters(), lr=1e-2, eps=1e-5, fused=True), batch, args
+    )
     for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
@@ -215,7 +294,9 @@ class CounterEnv(gym.Env):
         return np.array([self.t, self.T], np.float32), 1.0, self.t == self.T, False, {}
 
 
-gym.register("AppoCounter-v0", entry_point=CounterEnv, max_episode_steps=3)  # T = 4 is truncated at t = 3
+gym.register(
+    "AppoCounter-v0", entry_point=CounterEnv, max_episode_steps=3
+)  # T = 4 is truncated at t = 3
 
 
 class CountingAgent:
@@ -232,11 +313,20 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     collector, T, N, gamma = appo.Collector("AppoCounter-v0", 3, seed=0), 30, 3, 0.5
     agent, rollout = CountingAgent(), appo.new_rollout(T, N, 2)
     collector.collect(agent.actor, rollout, torch.device("cpu"))
-    obs, valid, dones, term = rollout["obs"], rollout["valid"], rollout["dones"].bool(), rollout["terminated"].bool()
+    obs, valid, dones, term = (
+        rollout["obs"],
+        rollout["valid"],
+        rollout["dones"].bool(),
+        rollout["terminated"].bool(),
+    )
     t_now, t_next, horizon = obs[:-1, :, 0], obs[1:, :, 0], obs[:-1, :, 1]
-    assert (valid == ~torch.cat([torch.zeros(1, N, dtype=torch.bool), dones[:-1]])).all()  # after an end, one reset row
+    assert (
+        valid == ~torch.cat([torch.zeros(1, N, dtype=torch.bool), dones[:-1]])
+    ).all()  # after an end, one reset row
     assert (rollout["rewards"][~valid] == 0).all() and not dones[~valid].any()
-    assert (t_next[valid] == t_now[valid] + 1).all()  # x_{s+1} of a valid row is its real next state, final ones included
+    assert (
+        t_next[valid] == t_now[valid] + 1
+    ).all()  # x_{s+1} of a valid row is its real next state, final ones included
     assert (term == valid & (t_next == horizon)).all()
     truncated = dones & ~term
     assert truncated.any() and (t_next[truncated] == 3).all() and (horizon[truncated] == 4).all()
@@ -246,24 +336,44 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     batch, ratio = appo.prepare_batch(agent, rollout, args)
     assert ratio.item() == pytest.approx(1.0)
     V = 10 * obs[..., 0] + obs[..., 1]
-    v_s, _ = appo.vtrace(torch.zeros(T, N), rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma)
+    v_s, _ = appo.vtrace(
+        torch.zeros(T, N),
+        rollout["rewards"],
+        V[:-1],
+        V[1:],
+        rollout["terminated"],
+        rollout["dones"],
+        gamma,
+    )
     torch.testing.assert_close(batch["v_s"], v_s[valid])
-    torch.testing.assert_close(v_s[term], torch.ones(int(term.sum())))  # termination: the reward alone
-    torch.testing.assert_close(v_s[truncated], 1 + gamma * (10 * 3 + 4) * torch.ones(int(truncated.sum())))  # V(real final obs)
+    torch.testing.assert_close(
+        v_s[term], torch.ones(int(term.sum()))
+    )  # termination: the reward alone
+    torch.testing.assert_close(
+        v_s[truncated], 1 + gamma * (10 * 3 + 4) * torch.ones(int(truncated.sum()))
+    )  # V(real final obs)
     last = ~dones[-1] & valid[-1]  # the rollout's last row bootstraps from x_T
     torch.testing.assert_close(v_s[-1][last], 1 + gamma * V[-1][last])
     assert len(batch["obs"]) == int(valid.sum()) < T * N
 
     args = appo.Args(gamma=gamma, lam=0.7, vtrace=False)
     batch, _ = appo.prepare_batch(agent, rollout, args)
-    gae = appo.gae(rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma, 0.7)
+    gae = appo.gae(
+        rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma, 0.7
+    )
     torch.testing.assert_close(batch["v_s"], (gae + V[:-1])[valid])
 
 
 def test_finished_episodes_carry_over_rollouts():
-    r = {"rewards": torch.tensor([[1.0], [2.0], [0.0], [4.0]]), "valid": torch.tensor([[True], [True], [False], [True]]),
-         "dones": torch.tensor([[0.0], [1.0], [0.0], [0.0]])}
-    ret, length = torch.tensor([10.0], dtype=torch.float64), torch.tensor([5])  # an episode in progress
+    r = {
+        "rewards": torch.tensor([[1.0], [2.0], [0.0], [4.0]]),
+        "valid": torch.tensor([[True], [True], [False], [True]]),
+        "dones": torch.tensor([[0.0], [1.0], [0.0], [0.0]]),
+    }
+    ret, length = (
+        torch.tensor([10.0], dtype=torch.float64),
+        torch.tensor([5]),
+    )  # an episode in progress
     assert appo.finished_episodes(r, ret, length) == [(13.0, 7)]
     assert (ret.item(), length.item()) == (4.0, 1)
 
@@ -277,7 +387,12 @@ def load(run_dir):
     return torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
 
 
-TAGS = ["charts/episodic_return", "losses/value_loss", "losses/approx_kl", "charts/importance_ratio"]
+TAGS = [
+    "charts/episodic_return",
+    "losses/value_loss",
+    "losses/approx_kl",
+    "charts/importance_ratio",
+]
 
 
 @pytest.mark.slow
@@ -291,14 +406,20 @@ def test_resume_equals_uninterrupted_run_and_seeds_decide(tmp_path, restore_sign
     wrapper, calls = sigterm_on_call(3, appo.LocalSource.next)
     monkeypatch.setattr(appo.LocalSource, "next", wrapper)
     run(b)
-    assert len(calls) == 3 and load(b)["global_step"] == 3 * 128 and not (b / "summary.json").exists()
+    assert (
+        len(calls) == 3 and load(b)["global_step"] == 3 * 128 and not (b / "summary.json").exists()
+    )
     monkeypatch.undo()
     run(b, resume=str(b / "checkpoints" / "latest.pt"))
     ca, cb, cc, cd = (load(x) for x in (a, b, c, d))
     for key in ca["agent"]:
-        assert torch.equal(ca["agent"][key], cb["agent"][key]) and torch.equal(ca["agent"][key], cc["agent"][key])
+        assert torch.equal(ca["agent"][key], cb["agent"][key]) and torch.equal(
+            ca["agent"][key], cc["agent"][key]
+        )
     assert not all(torch.equal(ca["agent"][k], cd["agent"][k]) for k in ca["agent"])
-    assert torch.equal(ca["optimizer"]["state"][0]["exp_avg_sq"], cb["optimizer"]["state"][0]["exp_avg_sq"])
+    assert torch.equal(
+        ca["optimizer"]["state"][0]["exp_avg_sq"], cb["optimizer"]["state"][0]["exp_avg_sq"]
+    )
     assert (cb["global_step"], cb["version"]) == (ca["global_step"], ca["version"]) == (1024, 8)
     assert summary(a)["eval_returns"] == summary(b)["eval_returns"] == summary(c)["eval_returns"]
     for tag in TAGS:
@@ -306,7 +427,11 @@ def test_resume_equals_uninterrupted_run_and_seeds_decide(tmp_path, restore_sign
     assert scalars(a, "charts/episodic_return") != scalars(d, "charts/episodic_return")
     assert {v for _, v in scalars(a, "charts/policy_lag")} == {0.0}  # synchronous: no lag
     assert all(v == pytest.approx(1.0, abs=1e-5) for _, v in scalars(a, "charts/importance_ratio"))
-    check_eval_only_after_move(a, lambda ckpt: appo.train(appo.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=1)
+    check_eval_only_after_move(
+        a,
+        lambda ckpt: appo.train(appo.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)),
+        seed=1,
+    )
 
 
 def test_nonfinite_loss_stops_in_one_line(tmp_path, restore_signals, monkeypatch):
@@ -326,13 +451,44 @@ def test_nonfinite_loss_stops_in_one_line(tmp_path, restore_signals, monkeypatch
 @pytest.mark.slow
 def test_tiny_run_outputs_and_no_vtrace(tmp_path):
     run_dir = tmp_path / "run"
-    check_ok(run_script("appo.py", *CLI_SMALL, "--total-steps", "1024", "--no-vtrace", "--eval-interval", "512",
-                        "--run-dir", str(run_dir)))
+    check_ok(
+        run_script(
+            "appo.py",
+            *CLI_SMALL,
+            "--total-steps",
+            "1024",
+            "--no-vtrace",
+            "--eval-interval",
+            "512",
+            "--run-dir",
+            str(run_dir),
+        )
+    )
     s = summary(run_dir)
-    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes", "wall_time_s",
-                "sps", "peak_rss_mb", "updates", "dropped_rollouts", "policy_lag_mean"):
+    for key in (
+        "script",
+        "algo",
+        "env_id",
+        "seed",
+        "global_step",
+        "eval_mean",
+        "eval_std",
+        "eval_episodes",
+        "wall_time_s",
+        "sps",
+        "peak_rss_mb",
+        "updates",
+        "dropped_rollouts",
+        "policy_lag_mean",
+    ):
         assert key in s, key
-    assert (s["script"], s["global_step"], s["updates"], s["dropped_rollouts"], s["policy_lag_mean"]) == ("appo.py", 1024, 8, 0, 0.0)
+    assert (
+        s["script"],
+        s["global_step"],
+        s["updates"],
+        s["dropped_rollouts"],
+        s["policy_lag_mean"],
+    ) == ("appo.py", 1024, 8, 0, 0.0)
     assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [512, 1024]
     assert len(scalars(run_dir, "charts/SPS")) == 8 and scalars(run_dir, "charts/episodic_return")
     assert scalars(run_dir, "charts/learning_rate")[0] == (128, pytest.approx(1e-3))
@@ -343,7 +499,9 @@ def test_copy_alone_runs(tmp_path):
     script = copy_alone("appo.py", tmp_path)
     check_ok(run_script(script, *CLI_SMALL, "--total-steps", "256", cwd=tmp_path))
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith("CartPole-v1__appo__1__") and summary(run_dir)["global_step"] == 256
+    assert (
+        run_dir.name.startswith("CartPole-v1__appo__1__") and summary(run_dir)["global_step"] == 256
+    )
 
 
 # ---------------------------------------------------------------- actor processes
@@ -354,8 +512,15 @@ def start():
     procs = []
 
     def launch(*args, env=None):
-        procs.append(subprocess.Popen([sys.executable, str(ALGOS / "appo.py"), *CLI_SMALL, *args], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env or {**os.environ, "OMP_NUM_THREADS": "1"}))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(ALGOS / "appo.py"), *CLI_SMALL, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        )
         return procs[-1]
 
     yield launch
@@ -378,7 +543,9 @@ def watch(proc, until=lambda: False, timeout=120) -> set[int]:
 
 
 def actors_of(proc) -> list[int]:
-    return [p.pid for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    return [
+        p.pid for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())
+    ]
 
 
 def check_none_left(pids: set[int], within: float = 10.0) -> None:
@@ -399,7 +566,16 @@ def check_none_left(pids: set[int], within: float = 10.0) -> None:
 def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path, start):
     """--max-policy-lag 0: every rollout that arrives after an update of the learner is dropped, and counted."""
     run_dir = tmp_path / "run"
-    proc = start("--num-actors", "2", "--total-steps", "2048", "--max-policy-lag", "0", "--run-dir", str(run_dir))
+    proc = start(
+        "--num-actors",
+        "2",
+        "--total-steps",
+        "2048",
+        "--max-policy-lag",
+        "0",
+        "--run-dir",
+        str(run_dir),
+    )
     children = watch(proc)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -408,7 +584,10 @@ def test_two_actors_tiny_job_with_lag_and_dropped_rollouts(tmp_path, start):
     lags = [v for _, v in scalars(run_dir, "charts/policy_lag")]
     s = summary(run_dir)
     assert len(lags) == 16 and max(lags) >= 1
-    assert s["dropped_rollouts"] == sum(lag > 0 for lag in lags) == 16 - s["updates"] and s["updates"] >= 1
+    assert (
+        s["dropped_rollouts"] == sum(lag > 0 for lag in lags) == 16 - s["updates"]
+        and s["updates"] >= 1
+    )
     assert s["policy_lag_mean"] == pytest.approx(np.mean(lags)) and s["global_step"] == 2048
     assert [v for _, v in scalars(run_dir, "charts/dropped_rollouts")][-1] == s["dropped_rollouts"]
 
@@ -419,7 +598,16 @@ def test_killed_actor_stops_the_learner_within_seconds(tmp_path, start):
     """SIGINT and SIGTERM to an actor change nothing (a Ctrl-C reaches the whole process group; the learner
     decides); SIGKILL to the other stops the learner with one line naming it."""
     run_dir = tmp_path / "run"
-    proc = start("--num-actors", "2", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir))
+    proc = start(
+        "--num-actors",
+        "2",
+        "--total-steps",
+        "10000000",
+        "--checkpoint-interval",
+        "256",
+        "--run-dir",
+        str(run_dir),
+    )
     children = watch(proc, until=lambda: (run_dir / "checkpoints" / "latest.pt").exists())
     assert proc.poll() is None, proc.communicate()[1]
     survivor, victim = actors_of(proc)
@@ -432,8 +620,11 @@ def test_killed_actor_stops_the_learner_within_seconds(tmp_path, start):
     children |= watch(proc, timeout=30)
     elapsed = time.time() - t0
     _, err = proc.communicate(timeout=30)
-    check_error(subprocess.CompletedProcess([], proc.returncode, "", err), "appo.py: error: actor",
-                f"(pid {victim}) died (killed by SIGKILL)")
+    check_error(
+        subprocess.CompletedProcess([], proc.returncode, "", err),
+        "appo.py: error: actor",
+        f"(pid {victim}) died (killed by SIGKILL)",
+    )
     assert elapsed < 10
     check_none_left(children)
 
@@ -461,12 +652,23 @@ gym.register("Faulty-v0", entry_point=Faulty, max_episode_steps=500)
 @needs_psutil
 def test_actor_error_stops_the_learner_with_its_message(tmp_path, start):
     (tmp_path / "faulty_env.py").write_text(FAULTY_ENV)
-    proc = start("--num-actors", "1", "--env-id", "faulty_env:Faulty-v0", "--total-steps", "10000000", "--run-dir",
-                 str(tmp_path / "run"), env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)})
+    proc = start(
+        "--num-actors",
+        "1",
+        "--env-id",
+        "faulty_env:Faulty-v0",
+        "--total-steps",
+        "10000000",
+        "--run-dir",
+        str(tmp_path / "run"),
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)},
+    )
     children = watch(proc)
     _, err = proc.communicate(timeout=30)
-    check_error(subprocess.CompletedProcess([], proc.returncode, "", err),
-                "appo.py: error: actor 0 failed: RuntimeError: the simulator crashed")
+    check_error(
+        subprocess.CompletedProcess([], proc.returncode, "", err),
+        "appo.py: error: actor 0 failed: RuntimeError: the simulator crashed",
+    )
     assert "second line" not in err
     check_none_left(children)
 
@@ -476,7 +678,16 @@ def test_actor_error_stops_the_learner_with_its_message(tmp_path, start):
 def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path, start):
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / "latest.pt"
-    proc = start("--num-actors", "1", "--total-steps", "10000000", "--checkpoint-interval", "256", "--run-dir", str(run_dir))
+    proc = start(
+        "--num-actors",
+        "1",
+        "--total-steps",
+        "10000000",
+        "--checkpoint-interval",
+        "256",
+        "--run-dir",
+        str(run_dir),
+    )
     children = watch(proc, until=ckpt.exists)
     assert proc.poll() is None, proc.communicate()[1]
     proc.send_signal(signal.SIGTERM)
@@ -489,28 +700,57 @@ def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path, start
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("env_id, fragment", [
-    ("CarRacing-v3", "image observations (96, 96, 3); appo.py needs flat ones, use ppo_atari.py"),
-    # Unregistered (ale_py not imported) or registered by another test in this worker: either way, ppo_atari.py.
-    ("ALE/Pong-v5", "use ppo_atari.py"),
-    ("Pendulum-v1", "continuous actions; appo.py needs Discrete ones, use d4pg.py or naf.py"),
-    ("Blackjack-v1", "Tuple observations and Discrete actions; appo.py needs flat Box observations"),
-    ("NoSuchEnv-v0", "cannot make environment 'NoSuchEnv-v0'"),
-])
+@pytest.mark.parametrize(
+    "env_id, fragment",
+    [
+        (
+            "CarRacing-v3",
+            "image observations (96, 96, 3); appo.py needs flat ones, use ppo_atari.py",
+        ),
+        # Unregistered (ale_py not imported) or registered by another test in this worker: either way, ppo_atari.py.
+        ("ALE/Pong-v5", "use ppo_atari.py"),
+        ("Pendulum-v1", "continuous actions; appo.py needs Discrete ones, use d4pg.py or naf.py"),
+        (
+            "Blackjack-v1",
+            "Tuple observations and Discrete actions; appo.py needs flat Box observations",
+        ),
+        ("NoSuchEnv-v0", "cannot make environment 'NoSuchEnv-v0'"),
+    ],
+)
 def test_unsupported_env_refused(env_id, fragment):
     with pytest.raises(SystemExit) as e:
         appo.check_env(env_id)
-    assert str(e.value).startswith("appo.py: error:") and fragment in str(e.value) and "\n" not in str(e.value)
+    assert (
+        str(e.value).startswith("appo.py: error:")
+        and fragment in str(e.value)
+        and "\n" not in str(e.value)
+    )
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    ({"num_steps": 0}, "--num-steps"), ({"num_minibatches": 0}, "--num-minibatches must be between 1 and num-envs x num-steps = 512"),
-    ({"num_actors": -1}, "--num-actors"), ({"max_policy_lag": -1}, "--max-policy-lag"),
-    ({"rho_bar": 0.5}, "0 < c-bar <= rho-bar"), ({"c_bar": 0.0}, "0 < c-bar <= rho-bar"), ({"lam": 1.5}, "--lam"),
-    ({"gamma": -0.1}, "--gamma"), ({"learning_rate": 0.0}, "--learning-rate"), ({"clip_coef": -0.2}, "--clip-coef"),
-    ({"ent_coef": -0.01}, "--ent-coef"), ({"target_kl": 0.0}, "--target-kl"),
-    ({"total_steps": 100}, "--total-steps 100 is below one rollout (num-envs x num-steps = 512)"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({"num_steps": 0}, "--num-steps"),
+        (
+            {"num_minibatches": 0},
+            "--num-minibatches must be between 1 and num-envs x num-steps = 512",
+        ),
+        ({"num_actors": -1}, "--num-actors"),
+        ({"max_policy_lag": -1}, "--max-policy-lag"),
+        ({"rho_bar": 0.5}, "0 < c-bar <= rho-bar"),
+        ({"c_bar": 0.0}, "0 < c-bar <= rho-bar"),
+        ({"lam": 1.5}, "--lam"),
+        ({"gamma": -0.1}, "--gamma"),
+        ({"learning_rate": 0.0}, "--learning-rate"),
+        ({"clip_coef": -0.2}, "--clip-coef"),
+        ({"ent_coef": -0.01}, "--ent-coef"),
+        ({"target_kl": 0.0}, "--target-kl"),
+        (
+            {"total_steps": 100},
+            "--total-steps 100 is below one rollout (num-envs x num-steps = 512)",
+        ),
+    ],
+)
 def test_bad_hyperparameters(tmp_path, flags, fragment):
     with pytest.raises(SystemExit) as e:
         appo.train(appo.Args(run_dir=str(tmp_path / "run"), **flags))
@@ -520,11 +760,20 @@ def test_bad_hyperparameters(tmp_path, flags, fragment):
 
 @pytest.mark.slow
 def test_bad_input_cli_is_one_line(tmp_path):
-    check_error(run_script("appo.py", "--env-id", "Pendulum-v1", "--run-dir", str(tmp_path / "a")), "appo.py: error", "naf.py")
+    check_error(
+        run_script("appo.py", "--env-id", "Pendulum-v1", "--run-dir", str(tmp_path / "a")),
+        "appo.py: error",
+        "naf.py",
+    )
     assert not (tmp_path / "a").exists()
 
 
 def test_resume_refuses_other_network(tmp_path, restore_signals):
     run(tmp_path / "run", total_steps=128)
     with pytest.raises(SystemExit, match="--hidden-dim 16, not 64; pass --hidden-dim 16"):
-        appo.train(appo.Args(**{**SMALL, "hidden_dim": 64}, resume=str(tmp_path / "run" / "checkpoints" / "latest.pt")))
+        appo.train(
+            appo.Args(
+                **{**SMALL, "hidden_dim": 64},
+                resume=str(tmp_path / "run" / "checkpoints" / "latest.pt"),
+            )
+        )

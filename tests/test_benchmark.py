@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -42,7 +41,7 @@ ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 # then waits (unless resumed) for SIGTERM, on which it saves again and exits. `--device` and the
 # GPUs it was given (CUDA_VISIBLE_DEVICES) go to config.json, its start and end times to summary.json,
 # and whether the Minari dataset of `--dataset-path` was there when it started.
-FAKE = textwrap.dedent('''
+FAKE = textwrap.dedent("""
     import argparse, json, os, signal, sys, time
     from pathlib import Path
     from tensorboard.compat.proto.event_pb2 import Event
@@ -112,11 +111,20 @@ FAKE = textwrap.dedent('''
         "global_step": args.total_steps, "eval_mean": final, "eval_std": 0.0,
         "eval_episodes": args.eval_episodes, "eval_returns": [final], "wall_time_s": 0.5,
         "sps": 1000.0 + args.seed, "peak_rss_mb": 50.0 + args.seed, "began": began, "ended": time.time()}))
-''')
+""")
 
 
-def preset_toml(name: str, *, args: str = "", seeds: int = 1, target: str = "", timeout: float = 60,
-                extra: str = "", full_extra: str = "", env: str = "Fake-v0") -> str:
+def preset_toml(
+    name: str,
+    *,
+    args: str = "",
+    seeds: int = 1,
+    target: str = "",
+    timeout: float = 60,
+    extra: str = "",
+    full_extra: str = "",
+    env: str = "Fake-v0",
+) -> str:
     """A manifest entry for the fake script."""
     return textwrap.dedent(f'''
         [{name}]
@@ -148,8 +156,16 @@ def zoo(tmp_path: Path, monkeypatch):
     def make(*entries: str) -> list[str]:
         manifest = tmp_path / "zoo.toml"
         manifest.write_text("\n".join(entries))
-        return ["--zoo", str(manifest), "--algos-dir", str(algos), "--runs-dir", str(tmp_path / "runs"),
-                "--progress-interval-s", "600"]
+        return [
+            "--zoo",
+            str(manifest),
+            "--algos-dir",
+            str(algos),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--progress-interval-s",
+            "600",
+        ]
 
     return make
 
@@ -160,90 +176,213 @@ def record(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> dict:
 
 # --- the manifest -------------------------------------------------------------------------
 
+
 def test_real_zoo_is_valid_and_covers_every_algorithm(tmp_path: Path):
-    for manifest in (ROOT / "zoo").glob("*.toml"):  # stand-ins, so this test does not depend on the algorithm files
+    for manifest in (ROOT / "zoo").glob(
+        "*.toml"
+    ):  # stand-ins, so this test does not depend on the algorithm files
         for entry in tomllib.loads(manifest.read_text()).values():
             (tmp_path / f"{entry['algo']}.py").touch()
     presets = {n: p for n, p in load_zoo(ROOT / "zoo", tmp_path).items() if p.algo in ALGOS}
     assert {p.algo for p in presets.values()} == set(ALGOS)
-    assert {"ppo_atari-breakout", "dqn_atari-breakout", "naf-pendulum", "d4pg-pendulum", "naf-invertedpendulum",
-            "d4pg-halfcheetah", "naf-halfcheetah", "ppg-cartpole", "ppg-lunarlander", "ppg-lunarlander-noaux"} <= set(presets)
+    assert {
+        "ppo_atari-breakout",
+        "dqn_atari-breakout",
+        "naf-pendulum",
+        "d4pg-pendulum",
+        "naf-invertedpendulum",
+        "d4pg-halfcheetah",
+        "naf-halfcheetah",
+        "ppg-cartpole",
+        "ppg-lunarlander",
+        "ppg-lunarlander-noaux",
+    } <= set(presets)
     pendulum = presets["naf-pendulum"]
-    assert (pendulum.full.total_steps, pendulum.full.seeds, pendulum.curve_threshold) == (20_000, 5, -200)
-    assert (pendulum.target.threshold, pendulum.target.at_least, pendulum.target.mean_min) == (-200, 4, -160)
+    assert (pendulum.full.total_steps, pendulum.full.seeds, pendulum.curve_threshold) == (
+        20_000,
+        5,
+        -200,
+    )
+    assert (pendulum.target.threshold, pendulum.target.at_least, pendulum.target.mean_min) == (
+        -200,
+        4,
+        -160,
+    )
     assert presets["ppg-lunarlander"].target.strict
     assert presets["ppg-lunarlander-noaux"].target is None
     # The ablation differs from the tuned preset in the auxiliary phase only, and shares its chart.
     assert presets["ppg-lunarlander-noaux"].args == {**presets["ppg-lunarlander"].args, "e-aux": 0}
-    assert presets["ppg-lunarlander"].group == presets["ppg-lunarlander-noaux"].group == "ppg-lunarlander"
-    for name in ("naf-halfcheetah", "d4pg-halfcheetah"):  # issue 13: RL Zoo TD3's IQM at 100k, and no seed below half its best
+    assert (
+        presets["ppg-lunarlander"].group
+        == presets["ppg-lunarlander-noaux"].group
+        == "ppg-lunarlander"
+    )
+    for name in (
+        "naf-halfcheetah",
+        "d4pg-halfcheetah",
+    ):  # issue 13: RL Zoo TD3's IQM at 100k, and no seed below half its best
         hc = presets[name]
         assert not hc.provisional and (hc.full.total_steps, hc.full.seeds) == (100_000, 5)
-        assert (hc.target.iqm_min, hc.target.hold, hc.target.at_least, hc.target.of) == (5476, 0.5, 5, 5)
-    hopper = presets["naf-hopper"]  # issue 13: naf's second locomotion task, against RL Zoo TD3's IQM there
+        assert (hc.target.iqm_min, hc.target.hold, hc.target.at_least, hc.target.of) == (
+            5476,
+            0.5,
+            5,
+            5,
+        )
+    hopper = presets[
+        "naf-hopper"
+    ]  # issue 13: naf's second locomotion task, against RL Zoo TD3's IQM there
     assert not hopper.provisional and (hopper.full.total_steps, hopper.full.seeds) == (100_000, 5)
     assert (hopper.target.iqm_min, hopper.target.hold, hopper.target.threshold) == (875, 0.5, 438)
     # Twins, LayerNorm and noise 0.05 were measured to help HalfCheetah, not Hopper.
-    assert {**hopper.args, "twin-q": True, "batch-size": 256, "layer-norm": True, "noise-scale": 0.05, "final-noise-scale": 0.05} == presets["naf-halfcheetah"].args
+    assert {
+        **hopper.args,
+        "twin-q": True,
+        "batch-size": 256,
+        "layer-norm": True,
+        "noise-scale": 0.05,
+        "final-noise-scale": 0.05,
+    } == presets["naf-halfcheetah"].args
     assert hopper.args["noise-scale"] == hopper.args["final-noise-scale"] == 0.1
-    for name in ("naf-invertedpendulum", "d4pg-invertedpendulum"):  # issue 13: held over the last third of the run
+    for name in (
+        "naf-invertedpendulum",
+        "d4pg-invertedpendulum",
+    ):  # issue 13: held over the last third of the run
         ip = presets[name]
         assert not ip.provisional and (ip.full.total_steps, ip.full.seeds) == (30_000, 5)
-        assert (ip.target.metric, ip.target.threshold, ip.target.at_least, ip.target.of) == ("eval_min_last3", 950, 4, 5)
+        assert (ip.target.metric, ip.target.threshold, ip.target.at_least, ip.target.of) == (
+            "eval_min_last3",
+            950,
+            4,
+            5,
+        )
     assert presets["d4pg-pendulum"].smoke.args["batch-size"] == 32
-    assert all(p.references for n, p in presets.items() if n.endswith(("breakout", "-pendulum", "cartpole")))
+    assert all(
+        p.references
+        for n, p in presets.items()
+        if n.endswith(("breakout", "-pendulum", "cartpole"))
+    )
     # Atari is human-normalised with the published Breakout scores; the 1M buffer asks for its memory.
     for name in ("dqn_atari-breakout", "ppo_atari-breakout"):
         norm = presets[name].normalise
         assert (norm.name, norm.random, norm.reference) == ("human", 1.7, 30.5)
-    assert presets["dqn_atari-breakout"].full.memory_gb == 7 and presets["dqn_atari-breakout"].smoke.memory_gb == 0
+    assert (
+        presets["dqn_atari-breakout"].full.memory_gb == 7
+        and presets["dqn_atari-breakout"].smoke.memory_gb == 0
+    )
 
 
 GOOD = 'metric = "eval_mean"\nmin = 1\nat_least = 1\nof = 1\ntext = "t"'
 NORM = '[x.normalise]\nname = "human"\nrandom = 1\nsource = "s"\n'
 BAD_MANIFESTS = {
-    "unknown algorithm": (preset_toml("x").replace('algo = "fake"', 'algo = "nope"'), "unknown algorithm file"),
+    "unknown algorithm": (
+        preset_toml("x").replace('algo = "fake"', 'algo = "nope"'),
+        "unknown algorithm file",
+    ),
     "missing budget": (preset_toml("x").split("[x.full]")[0], "missing budget [x.full]"),
-    "missing total steps": (preset_toml("x").replace("total_steps = 200", ""), "full: missing 'total_steps'"),
-    "malformed target": (preset_toml("x", target=GOOD.replace("of = 1", "of = 0")), "'of' must be a positive int"),
-    "target over other seeds": (preset_toml("x", target=GOOD.replace("of = 1", "of = 3")), "must equal full.seeds"),
+    "missing total steps": (
+        preset_toml("x").replace("total_steps = 200", ""),
+        "full: missing 'total_steps'",
+    ),
+    "malformed target": (
+        preset_toml("x", target=GOOD.replace("of = 1", "of = 0")),
+        "'of' must be a positive int",
+    ),
+    "target over other seeds": (
+        preset_toml("x", target=GOOD.replace("of = 1", "of = 3")),
+        "must equal full.seeds",
+    ),
     "min and above": (preset_toml("x", target=GOOD + "\nabove = 2"), "exactly one of 'min'"),
     "unknown key": (preset_toml("x", extra="seed = 3"), "unknown key(s) seed"),
-    "unknown target key": (preset_toml("x", target=GOOD + "\nmax = 3"), "target: unknown key(s) max"),
-    "unknown metric": (preset_toml("x", target=GOOD.replace("eval_mean", "eval_max")), "metric 'eval_max' is not one of eval_mean, eval_min_last3"),
-    "hold above one": (preset_toml("x", target=GOOD + "\nhold = 1.5"), "hold (1.5) must be in (0, 1]"),
+    "unknown target key": (
+        preset_toml("x", target=GOOD + "\nmax = 3"),
+        "target: unknown key(s) max",
+    ),
+    "unknown metric": (
+        preset_toml("x", target=GOOD.replace("eval_mean", "eval_max")),
+        "metric 'eval_max' is not one of eval_mean, eval_min_last3",
+    ),
+    "hold above one": (
+        preset_toml("x", target=GOOD + "\nhold = 1.5"),
+        "hold (1.5) must be in (0, 1]",
+    ),
     "hold of zero": (preset_toml("x", target=GOOD + "\nhold = 0"), "hold (0) must be in (0, 1]"),
-    "reserved flag": (preset_toml("x", args="total-steps = 5"), "'total-steps' is set by the runner"),
-    "bad reference": (preset_toml("x", extra='references = [{name = "a", score = 1}]'), "missing 'source'"),
-    "wrong type": (preset_toml("x").replace("timeout_s = 60", 'timeout_s = "1h"', 1), "'timeout_s' must be a"),
-    "fractional gpus above one": (preset_toml("x", extra="num_gpus = 1.5"), "num_gpus must be a fraction up to 1"),
-    "negative gpus": (preset_toml("x", extra="num_gpus = -1"), "num_gpus must be a fraction up to 1"),
-    "zero memory": (preset_toml("x", full_extra="memory_gb = 0"), "full: 'memory_gb' must be a positive number"),
+    "reserved flag": (
+        preset_toml("x", args="total-steps = 5"),
+        "'total-steps' is set by the runner",
+    ),
+    "bad reference": (
+        preset_toml("x", extra='references = [{name = "a", score = 1}]'),
+        "missing 'source'",
+    ),
+    "wrong type": (
+        preset_toml("x").replace("timeout_s = 60", 'timeout_s = "1h"', 1),
+        "'timeout_s' must be a",
+    ),
+    "fractional gpus above one": (
+        preset_toml("x", extra="num_gpus = 1.5"),
+        "num_gpus must be a fraction up to 1",
+    ),
+    "negative gpus": (
+        preset_toml("x", extra="num_gpus = -1"),
+        "num_gpus must be a fraction up to 1",
+    ),
+    "zero memory": (
+        preset_toml("x", full_extra="memory_gb = 0"),
+        "full: 'memory_gb' must be a positive number",
+    ),
     "group not a string": (preset_toml("x", extra="group = 3"), "'group' must be a str"),
     "normaliser without reference": (preset_toml("x") + NORM, "normalise: missing 'reference'"),
-    "normaliser of zero width": (preset_toml("x") + NORM + "reference = 1\n", "'reference' must differ from 'random'"),
-    "dataset as a command": (preset_toml("x", extra='dataset = "python -m benchmark.datasets --env-id X"'),
-                             "dataset: a command line is not run; write a [<preset>.dataset] table of benchmark.datasets "
-                             "arguments (checkpoint, dataset_id, episodes, noise, root, seed)"),
-    "dataset without id": (preset_toml("x", extra="dataset = { episodes = 2 }"), "dataset: missing 'dataset_id'"),
-    "dataset id": (preset_toml("x", extra='dataset = { dataset_id = "../up-v0" }'),
-                   "dataset: 'dataset_id' '../up-v0' is not a Minari id (namespace/)name-v<version>"),
-    "dataset env": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", env_id = "Pendulum-v1" }'),
-                    "dataset: unknown key(s) env_id; allowed: checkpoint, dataset_id"),
-    "dataset episodes": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", episodes = 0 }'),
-                         "dataset: 'episodes' must be a positive int, got 0"),
-    "dataset noise": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", noise = -0.5 }'),
-                      "dataset: 'noise' and 'seed' must be at least 0"),
-    "dataset nan noise": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", noise = nan }'),
-                          "dataset: 'noise' must be a number, got nan"),
-    "dataset root": (preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", root = 3 }'),
-                     "dataset: 'root' must be a str, got 3"),
-    "dataset elsewhere": (preset_toml("x", full_extra='args = { dataset-path = "data/mc/y-v0" }',
-                                      extra='dataset = { dataset_id = "mc/x-v0", root = "data" }'),
-                          "dataset: the preset reads --dataset-path data/mc/y-v0, but the dataset lands in data/mc/x-v0"),
-    "one folder, two recipes": (preset_toml("w", extra='dataset = { dataset_id = "mc/x-v0", root = "data" }')
-                                + preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", root = "data", noise = 1 }'),
-                                "its dataset lands in data/mc/x-v0 as that of zoo preset 'w', but with another recipe"),
+    "normaliser of zero width": (
+        preset_toml("x") + NORM + "reference = 1\n",
+        "'reference' must differ from 'random'",
+    ),
+    "dataset as a command": (
+        preset_toml("x", extra='dataset = "python -m benchmark.datasets --env-id X"'),
+        "dataset: a command line is not run; write a [<preset>.dataset] table of benchmark.datasets "
+        "arguments (checkpoint, dataset_id, episodes, noise, root, seed)",
+    ),
+    "dataset without id": (
+        preset_toml("x", extra="dataset = { episodes = 2 }"),
+        "dataset: missing 'dataset_id'",
+    ),
+    "dataset id": (
+        preset_toml("x", extra='dataset = { dataset_id = "../up-v0" }'),
+        "dataset: 'dataset_id' '../up-v0' is not a Minari id (namespace/)name-v<version>",
+    ),
+    "dataset env": (
+        preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", env_id = "Pendulum-v1" }'),
+        "dataset: unknown key(s) env_id; allowed: checkpoint, dataset_id",
+    ),
+    "dataset episodes": (
+        preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", episodes = 0 }'),
+        "dataset: 'episodes' must be a positive int, got 0",
+    ),
+    "dataset noise": (
+        preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", noise = -0.5 }'),
+        "dataset: 'noise' and 'seed' must be at least 0",
+    ),
+    "dataset nan noise": (
+        preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", noise = nan }'),
+        "dataset: 'noise' must be a number, got nan",
+    ),
+    "dataset root": (
+        preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", root = 3 }'),
+        "dataset: 'root' must be a str, got 3",
+    ),
+    "dataset elsewhere": (
+        preset_toml(
+            "x",
+            full_extra='args = { dataset-path = "data/mc/y-v0" }',
+            extra='dataset = { dataset_id = "mc/x-v0", root = "data" }',
+        ),
+        "dataset: the preset reads --dataset-path data/mc/y-v0, but the dataset lands in data/mc/x-v0",
+    ),
+    "one folder, two recipes": (
+        preset_toml("w", extra='dataset = { dataset_id = "mc/x-v0", root = "data" }')
+        + preset_toml("x", extra='dataset = { dataset_id = "mc/x-v0", root = "data", noise = 1 }'),
+        "its dataset lands in data/mc/x-v0 as that of zoo preset 'w', but with another recipe",
+    ),
 }
 
 
@@ -266,11 +405,20 @@ def test_duplicate_preset_across_files(tmp_path: Path, zoo):
 
 
 BAD_OPTIONS = {
-    "--workers": (["--workers", "0"], "--workers, --seeds, --steps-scale and --timeout-scale must be positive"),
+    "--workers": (
+        ["--workers", "0"],
+        "--workers, --seeds, --steps-scale and --timeout-scale must be positive",
+    ),
     "--memory-gb": (["--memory-gb", "0"], "--memory-gb and --sync-interval-s must be positive"),
     "--gpus": (["--gpus", "-1"], "--gpus at least 0"),
-    "--sync-interval-s": (["--sync-interval-s", "0"], "--memory-gb and --sync-interval-s must be positive"),
-    "--ray-requirements": (["--ray-requirements", "missing.txt"], "--ray-requirements missing.txt: no such file"),
+    "--sync-interval-s": (
+        ["--sync-interval-s", "0"],
+        "--memory-gb and --sync-interval-s must be positive",
+    ),
+    "--ray-requirements": (
+        ["--ray-requirements", "missing.txt"],
+        "--ray-requirements missing.txt: no such file",
+    ),
 }
 
 
@@ -283,24 +431,37 @@ def test_bad_sweep_option_is_refused(case: str, zoo, capsys):
 
 def test_cli_error_has_no_traceback(tmp_path: Path, zoo):
     args = zoo(preset_toml("x").replace('algo = "fake"', 'algo = "nope"'))
-    proc = subprocess.run([sys.executable, "-m", "benchmark", "full", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmark", "full", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     check_error(proc, "benchmark: error: zoo preset 'x'", "unknown algorithm file")
 
 
 # --- sweeps -------------------------------------------------------------------------------
 
+
 def test_smoke_records_crash_and_timeout_and_goes_on(tmp_path: Path, zoo, capsys):
-    args = zoo(preset_toml("good", args='fast = true, layers = [3, 4]'),
-               preset_toml("crash", args='behaviour = "crash"'),
-               preset_toml("slow", args='behaviour = "sleep"', timeout=3),
-               preset_toml("no-eval", args='behaviour = "no-eval"'),
-               preset_toml("nan", args='behaviour = "nan-eval"'))
+    args = zoo(
+        preset_toml("good", args="fast = true, layers = [3, 4]"),
+        preset_toml("crash", args='behaviour = "crash"'),
+        preset_toml("slow", args='behaviour = "sleep"', timeout=3),
+        preset_toml("no-eval", args='behaviour = "no-eval"'),
+        preset_toml("nan", args='behaviour = "nan-eval"'),
+    )
     assert main(["smoke", *args, "--name", "s", "--workers", "2"]) == 1
     good = record(tmp_path, "s", "good")
     assert good["status"] == "ok", good
     # Paths relative to the working directory (the repository), as they will be committed.
-    assert good["command"][:1] == ["algos/fake.py"] and good["command"][-4:] == ["--fast", "--layers", "3", "4"]
+    assert good["command"][:1] == ["algos/fake.py"] and good["command"][-4:] == [
+        "--fast",
+        "--layers",
+        "3",
+        "4",
+    ]
     assert good["command"][good["command"].index("--run-dir") + 1] == "runs/s/good/seed1"
     config = json.loads((tmp_path / "runs/s/good/seed1/config.json").read_text())
     assert (config["total_steps"], config["fast"], config["layers"]) == (100, True, [3, 4])
@@ -334,7 +495,9 @@ def test_interrupted_sweep_resumes_skipping_finished_runs(tmp_path: Path, zoo, c
     assert "4 runs, 3 already finished" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in before} == before
     a2_record = record(tmp_path, "r", "a", 2)
-    assert a2_record["status"] == "ok" and not a2_record["resumed"] and not (a2 / "stale.txt").exists()
+    assert (
+        a2_record["status"] == "ok" and not a2_record["resumed"] and not (a2 / "stale.txt").exists()
+    )
     assert "--resume" not in a2_record["command"]
     sweep = json.loads((tmp_path / "runs/r/sweep.json").read_text())
     assert len(sweep["commands"]) == 2
@@ -365,7 +528,10 @@ def test_unfinished_run_resumes_from_its_checkpoint(tmp_path: Path, zoo, capsys)
     stall = record(tmp_path, "u", "stall")
     assert stall["status"] == "ok" and stall["resumed"], stall
     assert stall["command"][-2:] == ["--resume", "runs/u/stall/seed1/checkpoints/latest.pt"]
-    assert json.loads((stall_dir / "config.json").read_text())["resume"] == "runs/u/stall/seed1/checkpoints/latest.pt"
+    assert (
+        json.loads((stall_dir / "config.json").read_text())["resume"]
+        == "runs/u/stall/seed1/checkpoints/latest.pt"
+    )
     assert (stall["summary"]["start_step"], stall["summary"]["global_step"]) == (100, 200)
     # The curve continues where the checkpoint left it: both attempts' points, none twice.
     assert [step for step, _ in stall["curves"]["train"]] == list(range(10, 201, 10))
@@ -374,9 +540,13 @@ def test_unfinished_run_resumes_from_its_checkpoint(tmp_path: Path, zoo, capsys)
     assert log.index("stalling") < log.index(marker) < log.index("resumed at step 100"), log
     again = record(tmp_path, "u", "crash")
     assert again["status"] == "failed" and again["resumed"] and again["command"][-2] == "--resume"
-    assert (crash_dir / "benchmark.log").read_text().count("deliberate crash") == 2  # appended, not replaced
+    assert (crash_dir / "benchmark.log").read_text().count(
+        "deliberate crash"
+    ) == 2  # appended, not replaced
     report = (tmp_path / "results/u/report.md").read_text()
-    assert "seed 1: 101.0 (resumed)" in report and "### crash seed1 (resumed): exit status 1" in report
+    assert (
+        "seed 1: 101.0 (resumed)" in report and "### crash seed1 (resumed): exit status 1" in report
+    )
     # The failed seed is shown and counted: "0 of 1 (1 failed)", never a silent mean over fewer seeds.
     assert "| crash | Fake-v0 | 200 | 0 of 1 (1 failed) | — | — |" in report
 
@@ -384,24 +554,51 @@ def test_unfinished_run_resumes_from_its_checkpoint(tmp_path: Path, zoo, capsys)
 def _wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline and (proc is None or proc.poll() is None), \
+        assert time.monotonic() < deadline and (proc is None or proc.poll() is None), (
             proc.communicate() if proc else "timed out"
+        )
         time.sleep(0.2)
 
 
 def test_sigterm_stops_the_sweep_and_its_runs(tmp_path: Path, zoo):
-    args = zoo(preset_toml("a", seeds=2), preset_toml("slow", args='behaviour = "sleep"', timeout=300))
-    proc = subprocess.Popen([sys.executable, "-m", "benchmark", "full", *args, "--name", "k",
-                             "--results-dir", str(tmp_path / "results")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = zoo(
+        preset_toml("a", seeds=2), preset_toml("slow", args='behaviour = "sleep"', timeout=300)
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmark",
+            "full",
+            *args,
+            "--name",
+            "k",
+            "--results-dir",
+            str(tmp_path / "results"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     runs = tmp_path / "runs/k"
-    _wait_for(lambda: (runs / "slow/seed1/benchmark.log").exists() and len(list(runs.glob("a/seed*/run.json"))) == 2,
-              proc)
+    _wait_for(
+        lambda: (
+            (runs / "slow/seed1/benchmark.log").exists()
+            and len(list(runs.glob("a/seed*/run.json"))) == 2
+        ),
+        proc,
+    )
     proc.terminate()
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted; re-run with --name k to resume" in err, (out, err)
+    assert proc.returncode == 130 and "interrupted; re-run with --name k to resume" in err, (
+        out,
+        err,
+    )
     slow = json.loads((runs / "slow/seed1/run.json").read_text())
-    assert slow["status"] == "failed" and slow["returncode"] == -15  # the run was stopped, not left behind
+    assert (
+        slow["status"] == "failed" and slow["returncode"] == -15
+    )  # the run was stopped, not left behind
     assert main(["full", *args, "--name", "k", "--preset", "a"]) == 0
 
 
@@ -419,13 +616,19 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the runs' parent-death signal is Linux's prctl")
+@pytest.mark.skipif(
+    sys.platform != "linux", reason="the runs' parent-death signal is Linux's prctl"
+)
 def test_a_killed_driver_leaves_no_training_process(tmp_path: Path, zoo):
     """The runs have their own session (for the time limit's group kill); when the runner dies
     without a chance to stop them (SIGKILL), they still get SIGTERM and exit."""
     args = zoo(preset_toml("slow", args='behaviour = "sleep"', timeout=300, env="Lost-v0"))
-    proc = subprocess.Popen([sys.executable, "-m", "benchmark", "smoke", *args, "--name", "lost"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmark", "smoke", *args, "--name", "lost"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     log = tmp_path / "runs/lost/slow/seed1/benchmark.log"
     _wait_for(lambda: log.exists() and "fake run" in log.read_text(errors="replace"), proc)
     assert _processes_with("Lost-v0")
@@ -435,6 +638,7 @@ def test_a_killed_driver_leaves_no_training_process(tmp_path: Path, zoo):
 
 
 # --- resource requests (local backend) ----------------------------------------------------
+
 
 def test_machine_hands_out_cpus_memory_and_gpus():
     machine = Machine(cpus=4, memory_gb=10, gpus=[1.0, 1.0])
@@ -453,22 +657,56 @@ def test_machine_hands_out_cpus_memory_and_gpus():
 
 
 def _overlap(a: dict, b: dict) -> bool:
-    return a["summary"]["began"] < b["summary"]["ended"] and b["summary"]["began"] < a["summary"]["ended"]
+    return (
+        a["summary"]["began"] < b["summary"]["ended"]
+        and b["summary"]["began"] < a["summary"]["ended"]
+    )
 
 
 def test_local_backend_honours_memory_and_gpu_requests(tmp_path: Path, zoo, capsys):
     big = "memory_gb = 0.6"
-    args = zoo(preset_toml("m1", full_extra=big), preset_toml("m2", full_extra=big),
-               preset_toml("g1", extra="num_gpus = 1"), preset_toml("g2", extra="num_gpus = 1"),
-               preset_toml("huge", full_extra="memory_gb = 5"), preset_toml("cpu"))
+    args = zoo(
+        preset_toml("m1", full_extra=big),
+        preset_toml("m2", full_extra=big),
+        preset_toml("g1", extra="num_gpus = 1"),
+        preset_toml("g2", extra="num_gpus = 1"),
+        preset_toml("huge", full_extra="memory_gb = 5"),
+        preset_toml("cpu"),
+    )
     results = ["--results-dir", str(tmp_path / "results")]
-    assert main(["full", *args, "--name", "res", "--workers", "2", "--memory-gb", "1", "--gpus", "1", *results]) == 1
+    assert (
+        main(
+            [
+                "full",
+                *args,
+                "--name",
+                "res",
+                "--workers",
+                "2",
+                "--memory-gb",
+                "1",
+                "--gpus",
+                "1",
+                *results,
+            ]
+        )
+        == 1
+    )
     runs = {name: record(tmp_path, "res", name) for name in ("m1", "m2", "g1", "g2", "cpu")}
     assert all(r["status"] == "ok" for r in runs.values()), runs
     assert not _overlap(runs["m1"], runs["m2"])  # 0.6 + 0.6 GB > 1 GB: one after the other
     assert not _overlap(runs["g1"], runs["g2"])  # one GPU between them
-    gpus = {name: json.loads((tmp_path / f"runs/res/{name}/seed1/config.json").read_text())["gpus"] for name in runs}
-    assert gpus == {"m1": "", "m2": "", "g1": "0", "g2": "0", "cpu": ""}  # no GPU to runs that asked for none
+    gpus = {
+        name: json.loads((tmp_path / f"runs/res/{name}/seed1/config.json").read_text())["gpus"]
+        for name in runs
+    }
+    assert gpus == {
+        "m1": "",
+        "m2": "",
+        "g1": "0",
+        "g2": "0",
+        "cpu": "",
+    }  # no GPU to runs that asked for none
     huge = record(tmp_path, "res", "huge")
     assert huge["status"] == "failed" and "asks for 5 GB of memory; this machine" in huge["reason"]
     # Without GPUs, the request is dropped with a note and CUDA_VISIBLE_DEVICES is left alone.
@@ -480,8 +718,11 @@ def test_local_backend_honours_memory_and_gpu_requests(tmp_path: Path, zoo, caps
 
 # --- provenance ---------------------------------------------------------------------------
 
+
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def test_each_run_records_its_provenance(tmp_path: Path, zoo):
@@ -495,7 +736,8 @@ def test_each_run_records_its_provenance(tmp_path: Path, zoo):
     prov = record(tmp_path, "clean", "a")["provenance"]
     assert (prov["commit"], prov["dirty"], prov["device"]) == (commit, False, "cpu")
     assert prov["host"] == os.uname().nodename and prov["versions"] == {
-        lib: metadata.version(lib) for lib in ("torch", "gymnasium", "ale-py")}
+        lib: metadata.version(lib) for lib in ("torch", "gymnasium", "ale-py")
+    }
     with open(tmp_path / "algos/fake.py", "a") as f:
         f.write("# an uncommitted change\n")
     assert main(["full", *args, "--name", "dirty", *results]) == 0
@@ -517,16 +759,25 @@ def test_a_run_resumed_across_commits_keeps_each_attempts_commit(tmp_path: Path,
     results = ["--results-dir", str(tmp_path / "results")]
     assert main(["full", *args, "--name", "x", *results]) == 1  # timed out halfway, checkpoint kept
     assert record(tmp_path, "x", "stall")["provenance"]["commit"] == first
-    args = zoo(preset_toml("stall", args='behaviour = "stall-once"'))  # a change lands (here: the time limit)
+    args = zoo(
+        preset_toml("stall", args='behaviour = "stall-once"')
+    )  # a change lands (here: the time limit)
     _git(tmp_path, *commit, "-am", "second")
     second = _git(tmp_path, "rev-parse", "HEAD")
     assert main(["full", *args, "--name", "x", *results]) == 0
     rec = record(tmp_path, "x", "stall")
     assert rec["resumed"] and rec["provenance"]["commit"] == second
     (earlier,) = rec["provenance"]["earlier_attempts"]
-    assert (earlier["commit"], earlier["dirty"], earlier["host"]) == (first, False, os.uname().nodename)
+    assert (earlier["commit"], earlier["dirty"], earlier["host"]) == (
+        first,
+        False,
+        os.uname().nodename,
+    )
     report = (tmp_path / "results/x/report.md").read_text()
-    assert f"runs at commit(s) {', '.join(f'`{c[:10]}`' for c in sorted([first, second]))} (dirty: False)" in report
+    assert (
+        f"runs at commit(s) {', '.join(f'`{c[:10]}`' for c in sorted([first, second]))} (dirty: False)"
+        in report
+    )
     assert f"| stall/seed1 | ok | {second[:10]} (resumed from {first[:10]}) | False |" in report
 
 
@@ -542,11 +793,14 @@ def test_cuda_probe_is_skipped_without_a_driver_and_cached(monkeypatch):
     monkeypatch.setattr(provenance.shutil, "which", lambda name: None)
     assert provenance.cuda_device({"CUDA_VISIBLE_DEVICES": "0"}) is None
     monkeypatch.setattr(provenance.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    assert provenance.cuda_device({"CUDA_VISIBLE_DEVICES": "0"}) is None  # cached for that device list
+    assert (
+        provenance.cuda_device({"CUDA_VISIBLE_DEVICES": "0"}) is None
+    )  # cached for that device list
     assert provenance.cuda_device({"CUDA_VISIBLE_DEVICES": ""}) is None  # no GPU given: no probe
 
 
 # --- the manifest copy, reports from stored curves -----------------------------------------
+
 
 def test_report_uses_the_sweeps_manifest_copy_and_committed_curves(tmp_path: Path, zoo, capsys):
     target = 'metric = "eval_mean"\nmin = 102\nat_least = 1\nof = 2\ntext = "final eval >= 102"'
@@ -554,17 +808,49 @@ def test_report_uses_the_sweeps_manifest_copy_and_committed_curves(tmp_path: Pat
     results_dir = tmp_path / "results"
     assert main(["full", *args, "--name", "m", "--results-dir", str(results_dir)]) == 0
     before = json.loads((results_dir / "m/results.json").read_text())["presets"]["a"]
-    assert before["target"]["status"] == "met" and before["sample_efficiency"]["eval_from_step"] == 100
+    assert (
+        before["target"]["status"] == "met" and before["sample_efficiency"]["eval_from_step"] == 100
+    )
     # Later the target is raised and the algorithm file renamed: an old sweep reports as it ran.
     (tmp_path / "algos/fake.py").rename(tmp_path / "algos/renamed.py")
-    zoo(preset_toml("a", seeds=2, target=target.replace("min = 102", "min = 500")).replace('"fake"', '"renamed"'))
-    assert main(["report", "--name", "m", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]) == 0
+    zoo(
+        preset_toml("a", seeds=2, target=target.replace("min = 102", "min = 500")).replace(
+            '"fake"', '"renamed"'
+        )
+    )
+    assert (
+        main(
+            [
+                "report",
+                "--name",
+                "m",
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                "--results-dir",
+                str(results_dir),
+            ]
+        )
+        == 0
+    )
     again = json.loads((results_dir / "m/results.json").read_text())
     assert again["presets"]["a"]["target"] == before["target"]
     # Without the raw runs, the committed folder alone (records, curves, manifest) gives the same numbers.
     shutil.rmtree(tmp_path / "runs")
     (results_dir / "m/plots/a.png").unlink()
-    assert main(["report", "--name", "m", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--name",
+                "m",
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                "--results-dir",
+                str(results_dir),
+            ]
+        )
+        == 0
+    )
     committed = json.loads((results_dir / "m/results.json").read_text())
     for key in ("presets", "runs", "provenance", "groups", "normalised"):
         assert committed[key] == again[key], key
@@ -575,29 +861,55 @@ def test_report_uses_the_sweeps_manifest_copy_and_committed_curves(tmp_path: Pat
 
 def test_target_on_the_lowest_of_the_last_three_evaluations(tmp_path: Path, zoo):
     # The fake run of seed k evaluates 25 + k, 50 + k, 75 + k, 100 + k: its last three are at least 50 + k.
-    target = 'metric = "eval_min_last3"\nmin = 52\nat_least = 2\nof = 2\ntext = "last three evals >= 52"'
-    args = zoo(preset_toml("a", seeds=2, target=target), preset_toml("b", seeds=2, target=target.replace("52", "51")))
+    target = (
+        'metric = "eval_min_last3"\nmin = 52\nat_least = 2\nof = 2\ntext = "last three evals >= 52"'
+    )
+    args = zoo(
+        preset_toml("a", seeds=2, target=target),
+        preset_toml("b", seeds=2, target=target.replace("52", "51")),
+    )
     results_dir = tmp_path / "results"
-    assert main(["full", *args, "--name", "l", "--results-dir", str(results_dir)]) == 1  # 'a' misses
+    assert (
+        main(["full", *args, "--name", "l", "--results-dir", str(results_dir)]) == 1
+    )  # 'a' misses
     presets = json.loads((results_dir / "l/results.json").read_text())["presets"]
-    assert (presets["a"]["target"]["status"], presets["a"]["target"]["passed_seeds"]) == ("missed", 1)
+    assert (presets["a"]["target"]["status"], presets["a"]["target"]["passed_seeds"]) == (
+        "missed",
+        1,
+    )
     assert (presets["b"]["target"]["status"], presets["b"]["target"]["passed_seeds"]) == ("met", 2)
-    assert presets["a"]["eval_mean"]["mean"] == pytest.approx(101.5)  # the final evaluations alone would pass
+    assert presets["a"]["eval_mean"]["mean"] == pytest.approx(
+        101.5
+    )  # the final evaluations alone would pass
 
 
 def test_target_on_the_iqm_and_on_keeping_half_of_the_best_evaluation(tmp_path: Path, zoo):
     # Both presets end at 100 + k; 'peak' evaluated 400 before that, so its seeds keep only a quarter.
     target = 'metric = "eval_mean"\nmin = 100\nat_least = 2\nof = 2\niqm_min = 101.5\nhold = 0.5\ntext = "t"'
-    args = zoo(preset_toml("kept", seeds=2, target=target), preset_toml("peak", seeds=2, args='behaviour = "peak"', target=target),
-               preset_toml("low", seeds=2, target=target.replace("101.5", "101.6")))
+    args = zoo(
+        preset_toml("kept", seeds=2, target=target),
+        preset_toml("peak", seeds=2, args='behaviour = "peak"', target=target),
+        preset_toml("low", seeds=2, target=target.replace("101.5", "101.6")),
+    )
     results_dir = tmp_path / "results"
     assert main(["full", *args, "--name", "h", "--results-dir", str(results_dir)]) == 1
     presets = json.loads((results_dir / "h/results.json").read_text())["presets"]
-    assert (presets["kept"]["target"]["status"], presets["kept"]["target"]["iqm"]) == ("met", pytest.approx(101.5))
-    assert (presets["peak"]["target"]["status"], presets["peak"]["target"]["passed_seeds"]) == ("missed", 0)
-    assert (presets["low"]["target"]["status"], presets["low"]["target"]["passed_seeds"]) == ("missed", 2)  # IQM 101.5
+    assert (presets["kept"]["target"]["status"], presets["kept"]["target"]["iqm"]) == (
+        "met",
+        pytest.approx(101.5),
+    )
+    assert (presets["peak"]["target"]["status"], presets["peak"]["target"]["passed_seeds"]) == (
+        "missed",
+        0,
+    )
+    assert (presets["low"]["target"]["status"], presets["low"]["target"]["passed_seeds"]) == (
+        "missed",
+        2,
+    )  # IQM 101.5
     report = (results_dir / "h/report.md").read_text()
-    assert "**missed** (2/2 seeds), IQM 101.5 < 101.6" in report and "**met** (2/2 seeds) |" in report
+    assert (
+        "**missed** (2/2 seeds), IQM 101.5 < 101.6" in report and "**met** (2/2 seeds) |" in report
+    )
 
 
 def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys):
@@ -612,29 +924,54 @@ def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys)
 
 def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     met = 'metric = "eval_mean"\nmin = 102\nat_least = 1\nof = 2\nmean_min = 102\ntext = "final eval >= 102"'
-    reference = 'references = [{name = "peer", score = "414.7 +- 28.1", source = "https://example.org"}]'
-    args = zoo(preset_toml("hit", seeds=2, target=met.replace("mean_min = 102", "mean_min = 101.5"), extra=reference),
-               preset_toml("miss", seeds=2, target=met))
+    reference = (
+        'references = [{name = "peer", score = "414.7 +- 28.1", source = "https://example.org"}]'
+    )
+    args = zoo(
+        preset_toml(
+            "hit",
+            seeds=2,
+            target=met.replace("mean_min = 102", "mean_min = 101.5"),
+            extra=reference,
+        ),
+        preset_toml("miss", seeds=2, target=met),
+    )
     results_dir = tmp_path / "results"
-    assert main(["full", *args, "--name", "f", "--results-dir", str(results_dir)]) == 1  # 'miss' misses
+    assert (
+        main(["full", *args, "--name", "f", "--results-dir", str(results_dir)]) == 1
+    )  # 'miss' misses
     assert "target missed: miss: final eval >= 102" in capsys.readouterr().out
     results = json.loads((results_dir / "f/results.json").read_text())
     hit = results["presets"]["hit"]
-    assert hit["eval_mean"]["mean"] == pytest.approx(101.5) and hit["eval_mean"]["std"] == pytest.approx(0.5)
-    assert hit["eval_mean"]["iqm"] == pytest.approx(101.5) and hit["eval_mean"]["iqm_ci95"] is None  # 2 seeds
+    assert hit["eval_mean"]["mean"] == pytest.approx(101.5) and hit["eval_mean"][
+        "std"
+    ] == pytest.approx(0.5)
+    assert (
+        hit["eval_mean"]["iqm"] == pytest.approx(101.5) and hit["eval_mean"]["iqm_ci95"] is None
+    )  # 2 seeds
     assert hit["target"]["status"] == "met" and hit["target"]["passed_seeds"] == 1
-    assert results["presets"]["miss"]["target"]["status"] == "missed"  # 1 of 2 >= 102 but mean 101.5
+    assert (
+        results["presets"]["miss"]["target"]["status"] == "missed"
+    )  # 1 of 2 >= 102 but mean 101.5
     # Returns 5, 10, ..., 100 at steps 10, 20, ...: the 10-episode average reaches 40 at episode 12.5 -> 13.
     assert hit["train_crossing"]["steps"] == [130, 130]
     # Evaluations 25 + seed, 50 + seed, 75 + seed, 100 + seed at steps 50..200: IQM >= 40 from step 100 on.
-    assert hit["sample_efficiency"]["eval_iqm_curve"] == [[50, 26.5], [100, 51.5], [150, 76.5], [200, 101.5]]
+    assert hit["sample_efficiency"]["eval_iqm_curve"] == [
+        [50, 26.5],
+        [100, 51.5],
+        [150, 76.5],
+        [200, 101.5],
+    ]
     assert hit["sample_efficiency"]["eval_from_step"] == 100
     assert (hit["sps_mean"], hit["peak_rss_mb_max"]) == (1001.5, 52.0)
     assert hit["references"][0]["score"] == "414.7 +- 28.1"
     assert "python -m benchmark full" in results["commands"][0]
     assert json.loads((results_dir / "latest").read_text()) == {"sweep": "f"}
     report = (results_dir / "f/report.md").read_text()
-    assert "| hit | Fake-v0 | 200 | 2 | 101.5 ± 0.5 | 101.5 [n/a] | **met** (1/2 seeds) | ≥ 40 from 100 |" in report
+    assert (
+        "| hit | Fake-v0 | 200 | 2 | 101.5 ± 0.5 | 101.5 [n/a] | **met** (1/2 seeds) | ≥ 40 from 100 |"
+        in report
+    )
     assert "peer: 414.7 +- 28.1" in report and "[plot](plots/hit.png)" in report
     assert "training 10-episode average (exploration included) first ≥ 40 at: 130, 130" in report
     png = (results_dir / "f/plots/hit.png").read_bytes()
@@ -644,7 +981,10 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     for path in (results_dir / "f").glob("*.*"):
         if path.suffix in (".json", ".md"):
             assert str(tmp_path) not in path.read_text(), path
-    assert json.loads((results_dir / "f/curves.json").read_text())["hit/seed1"]["eval"][-1] == [200, 101.0]
+    assert json.loads((results_dir / "f/curves.json").read_text())["hit/seed1"]["eval"][-1] == [
+        200,
+        101.0,
+    ]
 
     readme = tmp_path / "README.md"
     readme.write_text("# Title\n\nno markers\n")
@@ -653,27 +993,45 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     readme.write_text("# Title\n<!-- results:start -->\nold\n<!-- results:end -->\ntail\n")
     assert main(["readme", "--readme", str(readme), "--results-dir", str(results_dir)]) == 0
     text = readme.read_text()
-    assert text.startswith("# Title\n<!-- results:start -->") and text.endswith("<!-- results:end -->\ntail\n")
-    assert "old" not in text and "| hit | Fake-v0 |" in text and "[plot](results/f/plots/hit.png)" in text
+    assert text.startswith("# Title\n<!-- results:start -->") and text.endswith(
+        "<!-- results:end -->\ntail\n"
+    )
+    assert (
+        "old" not in text
+        and "| hit | Fake-v0 |" in text
+        and "[plot](results/f/plots/hit.png)" in text
+    )
 
 
 def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
     group = 'group = "g"\nreferences = [{name = "peer", score = 60, source = "s"}]'
     norm = '[{p}.normalise]\nname = "human"\nrandom = 1\nreference = 201\nsource = "paper"\n'
-    args = zoo(preset_toml("base", seeds=3, extra=group) + norm.format(p="base"),
-               preset_toml("ablation", seeds=3, args="score = 50", extra=group) + norm.format(p="ablation"),
-               preset_toml("alone"))
+    args = zoo(
+        preset_toml("base", seeds=3, extra=group) + norm.format(p="base"),
+        preset_toml("ablation", seeds=3, args="score = 50", extra=group)
+        + norm.format(p="ablation"),
+        preset_toml("alone"),
+    )
     results_dir = tmp_path / "results"
-    assert main(["full", *args, "--name", "g", "--results-dir", str(results_dir), "--workers", "2"]) == 0
+    assert (
+        main(["full", *args, "--name", "g", "--results-dir", str(results_dir), "--workers", "2"])
+        == 0
+    )
     results = json.loads((results_dir / "g/results.json").read_text())
     assert results["groups"] == {"g": ["base", "ablation"]}
     png = (results_dir / "g/plots/group-g.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
     # Scores 101, 102, 103: normalised (s - 1) / 200 = 0.5, 0.505, 0.51.
     base = results["presets"]["base"]["normalised"]
-    assert base["scores"] == pytest.approx([0.5, 0.505, 0.51]) and base["iqm"] == pytest.approx(0.505)
+    assert base["scores"] == pytest.approx([0.5, 0.505, 0.51]) and base["iqm"] == pytest.approx(
+        0.505
+    )
     (agg,) = results["normalised"]
-    assert (agg["algo"], agg["normaliser"], agg["presets"]) == ("fake", "human", ["base", "ablation"])
+    assert (agg["algo"], agg["normaliser"], agg["presets"]) == (
+        "fake",
+        "human",
+        ["base", "ablation"],
+    )
     # Pooled: 0.25, 0.255, 0.26, 0.5, 0.505, 0.51 -> trim one each side -> mean of the middle four.
     assert agg["iqm"] == pytest.approx((0.255 + 0.26 + 0.5 + 0.505) / 4)
     low, high = agg["iqm_ci95"]
@@ -684,6 +1042,7 @@ def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
 
 
 # --- compare ------------------------------------------------------------------------------
+
 
 def test_compare_two_sweeps(tmp_path: Path, zoo, capsys):
     results = ["--results-dir", str(tmp_path / "results")]
@@ -696,25 +1055,40 @@ def test_compare_two_sweeps(tmp_path: Path, zoo, capsys):
     text = capsys.readouterr()
     assert "B is worse than A with 95% confidence on: a" in text.err
     # a: every seed of B (51..53) below every seed of A (101..103): P = 0, interval [0, 0].
-    assert "| a | 3 / 3 | 102.0 [101.0, 103.0] | 52.0 [51.0, 53.0] | 0.00 [0.00, 0.00] | **B worse** |" in text.out
-    assert "| b | 2 / 2 | 101.5 [n/a] | 101.5 [n/a] | 0.50 [n/a] | n/a (fewer than 3 seeds) |" in text.out
+    assert (
+        "| a | 3 / 3 | 102.0 [101.0, 103.0] | 52.0 [51.0, 53.0] | 0.00 [0.00, 0.00] | **B worse** |"
+        in text.out
+    )
+    assert (
+        "| b | 2 / 2 | 101.5 [n/a] | 101.5 [n/a] | 0.50 [n/a] | n/a (fewer than 3 seeds) |"
+        in text.out
+    )
     assert "Over the 2 presets (bootstrap stratified by preset): P(B > A) = 0.25 [n/a]" in text.out
     assert out.read_text() == text.out
     assert main(["compare", "after", "before", *results]) == 0
-    assert "| a | 3 / 3 | 52.0 [51.0, 53.0] | 102.0 [101.0, 103.0] | 1.00 [1.00, 1.00] | **B better** |" \
+    assert (
+        "| a | 3 / 3 | 52.0 [51.0, 53.0] | 102.0 [101.0, 103.0] | 1.00 [1.00, 1.00] | **B better** |"
         in capsys.readouterr().out
+    )
     assert main(["compare", "before", "nope", *results]) == 2
     assert "no sweep 'nope'" in capsys.readouterr().err
 
 
 # --- progress -----------------------------------------------------------------------------
 
+
 def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
     zoo(preset_toml("a", seeds=3), preset_toml("b"))
     presets = load_zoo(tmp_path / "zoo.toml", tmp_path / "algos")
     jobs = {j.key: j for j in plan_jobs(list(presets.values()), "full", tmp_path / "runs")}
     clock = [0.0]
-    progress = Progress(list(jobs.values()), skipped=1, slots=2, stream=open(os.devnull, "w"), clock=lambda: clock[0])
+    progress = Progress(
+        list(jobs.values()),
+        skipped=1,
+        slots=2,
+        stream=open(os.devnull, "w"),
+        clock=lambda: clock[0],
+    )
     assert progress.eta() is None and "1/5 done" in progress.line() and "eta ?" in progress.line()
     progress.started(jobs["a/seed1"], "local")
     progress.started(jobs["b/seed1"], "host:n1")
@@ -723,13 +1097,22 @@ def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
     line = progress.line()
     assert "2 running, 2 queued" in line and "a/seed1 25%, 3m00s left [local]" in line
     assert "b/seed1 starting [host:n1]" in line and "eta ?" in line  # nothing known about b yet
-    progress.finished({"preset": "b", "seed": 1, "status": "ok", "wall_time_s": 100.0,
-                       "summary": {"eval_mean": 1.0}})
+    progress.finished(
+        {
+            "preset": "b",
+            "seed": 1,
+            "status": "ok",
+            "wall_time_s": 100.0,
+            "summary": {"eval_mean": 1.0},
+        }
+    )
     # Slots free at 180 s (a/seed1) and now; a/seed2 and a/seed3 take 240 s each (projected from
     # a/seed1): one starts now and ends at 240 s, the other at 180 + 240 = 420 s.
     assert progress.eta() == pytest.approx(420.0)
     assert "2/5 done (0 failed, 1 from before) | 1 running, 2 queued" in progress.line()
-    progress.finished({"preset": "a", "seed": 1, "status": "failed", "wall_time_s": 200.0, "reason": "x"})
+    progress.finished(
+        {"preset": "a", "seed": 1, "status": "failed", "wall_time_s": 200.0, "reason": "x"}
+    )
     assert progress.eta() == pytest.approx(200.0)  # 2 runs of a's measured 200 s, on 2 slots
     assert "3/5 done (1 failed" in progress.line()
 
@@ -741,20 +1124,34 @@ class Terminal(io.StringIO):
 
 def test_progress_on_a_terminal_redraws_its_block_in_place(tmp_path: Path, zoo, monkeypatch):
     zoo(preset_toml("a", seeds=2))
-    jobs = plan_jobs(list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values()), "full", tmp_path / "runs")
+    jobs = plan_jobs(
+        list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values()),
+        "full",
+        tmp_path / "runs",
+    )
     monkeypatch.setattr(progress_module, "TTY_REFRESH_S", 0.05)
     terminal = Terminal()
     with Progress(jobs, skipped=0, slots=1, stream=terminal) as progress:
         progress.started(jobs[0], "local")
         time.sleep(0.3)
-        progress.finished({"preset": "a", "seed": 1, "status": "ok", "wall_time_s": 3.0, "summary": {"eval_mean": 1.0}})
+        progress.finished(
+            {
+                "preset": "a",
+                "seed": 1,
+                "status": "ok",
+                "wall_time_s": 3.0,
+                "summary": {"eval_mean": 1.0},
+            }
+        )
         time.sleep(0.2)
     text = terminal.getvalue()
     # Each redraw moves up over the two-line block (head and running runs) and clears it.
     assert "\x1b[2F\x1b[J" in text and "a/seed1 starting [local]" in text
     # The finished run's line stays; the block ends as one final plain line.
     assert text.count("ok     a seed1: eval 1.0, 3 s\n") == 1
-    assert text.endswith("\x1b[J1/2 done (0 failed, 0 from before) | 0 running, 1 queued | elapsed 0m00s | eta 0m03s\n")
+    assert text.endswith(
+        "\x1b[J1/2 done (0 failed, 0 from before) | 0 running, 1 queued | elapsed 0m00s | eta 0m03s\n"
+    )
 
 
 @pytest.mark.parametrize("url", ["folder", "memory://bench/store"])
@@ -764,7 +1161,9 @@ def test_storage_keeps_a_run_folder_and_gives_it_back(tmp_path: Path, url: str):
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints/latest.pt").write_text("step 100")
     (run / "benchmark.log").write_text("first attempt\n")
-    (run / "checkpoints/latest.pt.tmp").write_text("half-written")  # a save in progress is not copied
+    (run / "checkpoints/latest.pt.tmp").write_text(
+        "half-written"
+    )  # a save in progress is not copied
     stored = Storage(url)
     assert not stored.restore(tmp_path / "nothing")
     stored.upload(run)
@@ -776,16 +1175,27 @@ def test_storage_keeps_a_run_folder_and_gives_it_back(tmp_path: Path, url: str):
     back = tmp_path / "back"
     assert Storage(url).restore(back)
     assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == [
-        "benchmark.log", "checkpoints/latest.pt"]  # no .part or .tmp files
+        "benchmark.log",
+        "checkpoints/latest.pt",
+    ]  # no .part or .tmp files
     assert (back / "benchmark.log").read_text() == "first attempt\nmore\n"
 
 
 # --- what a Ray job carries (the cluster itself: test_benchmark_ray.py) -------------------
 
-@pytest.mark.parametrize("flags, pip", [([], None), (["--ray-address", "auto"], ["numpy==2.4.6"]),
-                                        (["--ray-address", "auto", "--ray-requirements", "none"], None),
-                                        (["--ray-requirements", "req.txt"], ["tomli>=1"])])
-def test_the_ray_job_carries_code_and_requirements(tmp_path: Path, zoo, monkeypatch, flags: list[str], pip):
+
+@pytest.mark.parametrize(
+    "flags, pip",
+    [
+        ([], None),
+        (["--ray-address", "auto"], ["numpy==2.4.6"]),
+        (["--ray-address", "auto", "--ray-requirements", "none"], None),
+        (["--ray-requirements", "req.txt"], ["tomli>=1"]),
+    ],
+)
+def test_the_ray_job_carries_code_and_requirements(
+    tmp_path: Path, zoo, monkeypatch, flags: list[str], pip
+):
     ray = pytest.importorskip("ray")
     args = zoo(preset_toml("a"))
     (tmp_path / "requirements.lock").write_text("# pinned\nnumpy==2.4.6\n")
@@ -799,7 +1209,9 @@ def test_the_ray_job_carries_code_and_requirements(tmp_path: Path, zoo, monkeypa
     monkeypatch.setattr(ray, "init", init)
     assert main(["smoke", *args, "--backend", "ray", "--name", "r", *flags]) == 130
     env = seen["runtime_env"]
-    assert env["working_dir"] == str(tmp_path / "algos") and env["py_modules"] == [str(ROOT / "benchmark")]
+    assert env["working_dir"] == str(tmp_path / "algos") and env["py_modules"] == [
+        str(ROOT / "benchmark")
+    ]
     assert env.get("pip") == pip
     assert seen["address"] == ("auto" if "--ray-address" in flags else None)
 
@@ -812,48 +1224,81 @@ MC_ARGS = 'dataset-path = "data/mc/expert-v0"'
 
 def test_sweep_builds_a_shared_dataset_once_before_its_runs(tmp_path: Path, zoo, capsys):
     mc = "MountainCarContinuous-v0"  # the fake script takes any id; the maker has a controller for this one
-    args = zoo(preset_toml("a", env=mc, args=MC_ARGS, extra=MC_DATA), preset_toml("b", env=mc, args=MC_ARGS, extra=MC_DATA),
-               preset_toml("plain", env=mc))
+    args = zoo(
+        preset_toml("a", env=mc, args=MC_ARGS, extra=MC_DATA),
+        preset_toml("b", env=mc, args=MC_ARGS, extra=MC_DATA),
+        preset_toml("plain", env=mc),
+    )
     assert main(["smoke", *args, "--name", "d", "--workers", "2"]) == 0
     out = capsys.readouterr().out
     # One build for both presets, before either ran: each found the dataset there when it started.
-    assert out.count("dataset mc/expert-v0 for a, b: wrote ") == 1 and out.index("dataset mc/expert-v0") < out.index("ok ")
+    assert out.count("dataset mc/expert-v0 for a, b: wrote ") == 1 and out.index(
+        "dataset mc/expert-v0"
+    ) < out.index("ok ")
     for name in ("a", "b"):
-        assert json.loads((tmp_path / f"runs/d/{name}/seed1/config.json").read_text())["dataset_ready"]
-    assert not json.loads((tmp_path / "runs/d/plain/seed1/config.json").read_text())["dataset_ready"]
+        assert json.loads((tmp_path / f"runs/d/{name}/seed1/config.json").read_text())[
+            "dataset_ready"
+        ]
+    assert not json.loads((tmp_path / "runs/d/plain/seed1/config.json").read_text())[
+        "dataset_ready"
+    ]
     log = (tmp_path / "runs/d/datasets.log").read_text()
-    assert log.count("--- python -m benchmark.datasets --env-id MountainCarContinuous-v0 --dataset-id mc/expert-v0 "
-                     "--episodes 1 --noise 0.0 --seed 0 --root data (for a, b) at ") == 1
+    assert (
+        log.count(
+            "--- python -m benchmark.datasets --env-id MountainCarContinuous-v0 --dataset-id mc/expert-v0 "
+            "--episodes 1 --noise 0.0 --seed 0 --root data (for a, b) at "
+        )
+        == 1
+    )
     assert log.count("wrote ") == 1
     data = tmp_path / "data/mc/expert-v0/data/main_data.hdf5"
     made = data.stat().st_mtime_ns
     report = (tmp_path / "runs/d/report.md").read_text()
-    assert "- dataset: python -m benchmark.datasets --env-id MountainCarContinuous-v0 --dataset-id mc/expert-v0" in report
+    assert (
+        "- dataset: python -m benchmark.datasets --env-id MountainCarContinuous-v0 --dataset-id mc/expert-v0"
+        in report
+    )
     # Another sweep finds it made by the same recipe and leaves it alone; so does a resumed sweep
     # that has nothing left to run for the presets (no dataset step at all).
     assert main(["smoke", *args, "--name", "d2", "--preset", "a"]) == 0
-    assert "dataset mc/expert-v0 for a: up to date: " in capsys.readouterr().out and data.stat().st_mtime_ns == made
+    assert (
+        "dataset mc/expert-v0 for a: up to date: " in capsys.readouterr().out
+        and data.stat().st_mtime_ns == made
+    )
     assert main(["smoke", *args, "--name", "d"]) == 0
     assert "dataset mc/expert-v0" not in capsys.readouterr().out
 
 
 def test_a_dataset_that_cannot_be_built_fails_only_its_presets(tmp_path: Path, zoo, capsys):
     (tmp_path / "afile").write_text("a file where a folder should be")
-    args = zoo(preset_toml("bad", args='dataset-path = "data/fake/x-v0"',
-                           extra='dataset = { dataset_id = "fake/x-v0", root = "data" }'),  # no controller for Fake-v0
-               preset_toml("broken", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", root = "afile" }'),
-               preset_toml("good"))
+    args = zoo(
+        preset_toml(
+            "bad",
+            args='dataset-path = "data/fake/x-v0"',
+            extra='dataset = { dataset_id = "fake/x-v0", root = "data" }',
+        ),  # no controller for Fake-v0
+        preset_toml(
+            "broken",
+            env="Pendulum-v1",
+            extra='dataset = { dataset_id = "pend/x-v0", root = "afile" }',
+        ),
+        preset_toml("good"),
+    )
     assert main(["smoke", *args, "--name", "f"]) == 1
     out, err = capsys.readouterr()
-    refusal = ("benchmark.datasets: error: no scripted controller for 'Fake-v0'; choose one of "
-               "MountainCarContinuous-v0, Pendulum-v1, or pass --checkpoint")
+    refusal = (
+        "benchmark.datasets: error: no scripted controller for 'Fake-v0'; choose one of "
+        "MountainCarContinuous-v0, Pendulum-v1, or pass --checkpoint"
+    )
     assert f"dataset fake/x-v0 for bad FAILED: {refusal} (output in runs/f/datasets.log)" in out
     assert "Traceback" not in out + err
     bad, broken = record(tmp_path, "f", "bad"), record(tmp_path, "f", "broken")
     assert bad["status"] == "failed" and bad["reason"] == f"dataset fake/x-v0 not built: {refusal}"
     # An exception from deeper down (a file where the root should be): one line in the record, the
     # traceback in the sweep's datasets.log.
-    assert broken["status"] == "failed" and broken["reason"].startswith("dataset pend/x-v0 not built: ")
+    assert broken["status"] == "failed" and broken["reason"].startswith(
+        "dataset pend/x-v0 not built: "
+    )
     assert "\n" not in broken["reason"] and "Error" in broken["reason"], broken["reason"]
     assert "Traceback" in (tmp_path / "runs/f/datasets.log").read_text()
     assert record(tmp_path, "f", "good")["status"] == "ok"
@@ -863,25 +1308,38 @@ def test_a_dataset_that_cannot_be_built_fails_only_its_presets(tmp_path: Path, z
     ckpt.parent.mkdir(parents=True)
     ckpt.write_text(json.dumps({"step": 50}))
     assert main(["smoke", *args, "--name", "f"]) == 1
-    assert record(tmp_path, "f", "bad")["status"] == "failed" and json.loads(ckpt.read_text()) == {"step": 50}
+    assert record(tmp_path, "f", "bad")["status"] == "failed" and json.loads(ckpt.read_text()) == {
+        "step": 50
+    }
 
 
 def test_datasets_subcommand_builds_only_the_selected_presets_datasets(tmp_path: Path, zoo, capsys):
     mc = "MountainCarContinuous-v0"
-    zoo(preset_toml("a", env=mc, args=MC_ARGS, extra=MC_DATA),
-        preset_toml("p", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }'),
-        preset_toml("bad", extra='dataset = { dataset_id = "fake/x-v0", root = "data" }'), preset_toml("plain"))
+    zoo(
+        preset_toml("a", env=mc, args=MC_ARGS, extra=MC_DATA),
+        preset_toml(
+            "p",
+            env="Pendulum-v1",
+            extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }',
+        ),
+        preset_toml("bad", extra='dataset = { dataset_id = "fake/x-v0", root = "data" }'),
+        preset_toml("plain"),
+    )
     common = ["--zoo", "zoo.toml", "--algos-dir", "algos", "--runs-dir", "runs"]
     assert main(["datasets", *common, "--preset", "a", "plain"]) == 0
     assert "dataset mc/expert-v0 for a: wrote " in capsys.readouterr().out
-    assert (tmp_path / "data/mc/expert-v0/data/metadata.json").is_file() and not (tmp_path / "data/pend").exists()
+    assert (tmp_path / "data/mc/expert-v0/data/metadata.json").is_file() and not (
+        tmp_path / "data/pend"
+    ).exists()
     assert "wrote " in (tmp_path / "runs/datasets.log").read_text()
     assert not list((tmp_path / "runs").glob("*/"))  # no sweep, no run
     assert main(["datasets", *common, "--preset", "plain"]) == 0
     assert "no selected preset reads a dataset" in capsys.readouterr().out
     assert main(["datasets", *common, "--env", "Fake-v0"]) == 1
-    assert "dataset fake/x-v0 for bad FAILED: benchmark.datasets: error: no scripted " \
-           "controller for 'Fake-v0'" in capsys.readouterr().out
+    assert (
+        "dataset fake/x-v0 for bad FAILED: benchmark.datasets: error: no scripted "
+        "controller for 'Fake-v0'" in capsys.readouterr().out
+    )
     assert main(["datasets", *common, "--preset", "nope"]) == 2
     assert "no preset matches" in capsys.readouterr().err
 
@@ -890,27 +1348,49 @@ def test_a_dataset_from_a_checkpoint_uses_the_sweeps_algorithm_files(tmp_path: P
     from test_datasets import load_algo
 
     naf = load_algo("naf")
-    naf.save_checkpoint(tmp_path / "naf.pt", naf.Args(env_id="Pendulum-v1", hidden_dim=8), 9,
-                        {"net": naf.NAFNetwork(3, 1, 8).state_dict()})
-    zoo(preset_toml("ckpt", env="Pendulum-v1", args='dataset-path = "data/pend/naf-v0"',
-                    extra='dataset = { dataset_id = "pend/naf-v0", episodes = 1, root = "data", checkpoint = "naf.pt" }'))
+    naf.save_checkpoint(
+        tmp_path / "naf.pt",
+        naf.Args(env_id="Pendulum-v1", hidden_dim=8),
+        9,
+        {"net": naf.NAFNetwork(3, 1, 8).state_dict()},
+    )
+    zoo(
+        preset_toml(
+            "ckpt",
+            env="Pendulum-v1",
+            args='dataset-path = "data/pend/naf-v0"',
+            extra='dataset = { dataset_id = "pend/naf-v0", episodes = 1, root = "data", checkpoint = "naf.pt" }',
+        )
+    )
     presets = list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values())
     assert build_datasets(presets, tmp_path / "algos", tmp_path / "datasets.log") == {
         "ckpt": f"dataset pend/naf-v0 not built: benchmark.datasets: error: checkpoint naf.pt was written by naf.py, "
-                f"which is not in {tmp_path / 'algos'}; pass --algos-dir"}  # the sweep's --algos-dir, not the repository's
+        f"which is not in {tmp_path / 'algos'}; pass --algos-dir"
+    }  # the sweep's --algos-dir, not the repository's
     assert build_datasets(presets, ROOT / "algos", tmp_path / "datasets.log") == {}
     assert "dataset pend/naf-v0 for ckpt: wrote " in capsys.readouterr().out
     metadata = json.loads((tmp_path / "data/pend/naf-v0/data/metadata.json").read_text())
-    assert metadata["algorithm_name"] == "benchmark.datasets checkpoint naf.py naf.pt step=9 episodes=1 noise=0.0 seed=0"
+    assert (
+        metadata["algorithm_name"]
+        == "benchmark.datasets checkpoint naf.py naf.pt step=9 episodes=1 noise=0.0 seed=0"
+    )
 
 
 def test_ray_refuses_a_relative_dataset_root_without_building(tmp_path: Path, zoo, capsys):
-    zoo(preset_toml("rel", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }'))
+    zoo(
+        preset_toml(
+            "rel",
+            env="Pendulum-v1",
+            extra='dataset = { dataset_id = "pend/x-v0", episodes = 1, root = "data" }',
+        )
+    )
     presets = list(load_zoo(tmp_path / "zoo.toml", tmp_path / "algos").values())
     failed = build_datasets(presets, tmp_path / "algos", tmp_path / "datasets.log", ray=True)
-    assert failed == {"rel": "dataset pend/x-v0 not built: its root data is relative, and Ray runs execute in folders "
-                             "of their own; give the dataset an absolute root on a folder every node mounts, or use "
-                             "--backend local"}
+    assert failed == {
+        "rel": "dataset pend/x-v0 not built: its root data is relative, and Ray runs execute in folders "
+        "of their own; give the dataset an absolute root on a folder every node mounts, or use "
+        "--backend local"
+    }
     assert not (tmp_path / "data").exists() and not (tmp_path / "datasets.log").exists()
 
 
@@ -924,39 +1404,73 @@ def test_real_rlpd_presets_build_what_they_read(tmp_path: Path):
     for preset in presets:
         for budget in (preset.smoke, preset.full):
             args = {**preset.args, **budget.args}
-            assert Path(args["dataset-path"]) == preset.dataset.folder and args.get("offline-ratio", 0.5) > 0
+            assert (
+                Path(args["dataset-path"]) == preset.dataset.folder
+                and args.get("offline-ratio", 0.5) > 0
+            )
 
 
 # --- the real zoo -------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_smoke_over_the_real_zoo(tmp_path: Path):
     """Every real preset at its smoke budget (needs the algorithm files)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmark", "smoke", "--runs-dir", str(tmp_path), "--name", "smoke",
-                           "--workers", "2", "--timeout-scale", "3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmark",
+            "smoke",
+            "--runs-dir",
+            str(tmp_path),
+            "--name",
+            "smoke",
+            "--workers",
+            "2",
+            "--timeout-scale",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 def test_dqn_memory_measures_the_buffer_over_the_baseline():
-    proc = subprocess.run([sys.executable, "-m", "benchmark", "dqn-memory", "--capacity", "6000"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmark", "dqn-memory", "--capacity", "6000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
-    grown = re.search(r"filled 6,000 transitions in \d+ s: RSS [\d,]+ MB, \+([\d.,]+) MB over the baseline",
-                      proc.stdout)
+    grown = re.search(
+        r"filled 6,000 transitions in \d+ s: RSS [\d,]+ MB, \+([\d.,]+) MB over the baseline",
+        proc.stdout,
+    )
     # Each frame stored once: 6,000 x 84 x 84 bytes (40.4 MiB), plus 15 bytes of action, reward and flags
     # per transition; an empty buffer, or one storing each 4-frame stack, falls outside.
     frames_mb = 6000 * 84 * 84 / 2**20
-    assert grown and 0.9 * frames_mb < float(grown.group(1).replace(",", "")) < frames_mb + 12, proc.stdout
+    assert grown and 0.9 * frames_mb < float(grown.group(1).replace(",", "")) < frames_mb + 12, (
+        proc.stdout
+    )
     assert "1000 batches of 32 sampled" in proc.stdout
 
 
 def test_dqn_memory_bad_input(tmp_path: Path, capsys):
-    for args, fragment in ((["--capacity", "0"], "--capacity must be positive, got 0"),
-                           (["--script", str(tmp_path / "none.py")], "cannot import")):
+    for args, fragment in (
+        (["--capacity", "0"], "--capacity must be positive, got 0"),
+        (["--script", str(tmp_path / "none.py")], "cannot import"),
+    ):
         assert main(["dqn-memory", *args]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1, err
+        assert (
+            err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1
+        ), err
 
 
 def test_ensemble_speed_times_both_versions_of_the_same_critics(capsys):
@@ -968,20 +1482,44 @@ def test_ensemble_speed_times_both_versions_of_the_same_critics(capsys):
     torch.manual_seed(3)
     ensemble = rlpd.EnsembleCritic(4, 5, 8)
     obs, act = torch.randn(6, 3), torch.randn(6, 2)
-    separate = torch.stack([m(torch.cat([obs, act], -1)).squeeze(-1) for m in ensemble_speed.separate_copies(ensemble)])
-    assert torch.allclose(separate, ensemble(obs, act), atol=1e-6)  # the same functions, member by member
-    assert main(["ensemble-speed", "--hidden", "8", "--batch", "4", "--updates", "2", "--rounds", "2",
-                 "--script", str(ROOT / "algos" / "rlpd.py")]) == 0
+    separate = torch.stack(
+        [m(torch.cat([obs, act], -1)).squeeze(-1) for m in ensemble_speed.separate_copies(ensemble)]
+    )
+    assert torch.allclose(
+        separate, ensemble(obs, act), atol=1e-6
+    )  # the same functions, member by member
+    assert (
+        main(
+            [
+                "ensemble-speed",
+                "--hidden",
+                "8",
+                "--batch",
+                "4",
+                "--updates",
+                "2",
+                "--rounds",
+                "2",
+                "--script",
+                str(ROOT / "algos" / "rlpd.py"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rates = re.search(r"batched ([\d.]+) vs separate ([\d.]+) critic updates/s: ([\d.]+)x", out)
     assert rates and float(rates.group(1)) > 0 and float(rates.group(2)) > 0, out
-    assert abs(float(rates.group(1)) / float(rates.group(2)) - float(rates.group(3))) < 0.01 + 1e-3 * float(rates.group(3))
+    assert abs(
+        float(rates.group(1)) / float(rates.group(2)) - float(rates.group(3))
+    ) < 0.01 + 1e-3 * float(rates.group(3))
     assert "rounds: batched " in out and out.count(" / ") == 2  # two rounds of each version listed
 
 
 def test_ensemble_speed_bad_input(tmp_path: Path, capsys):
-    cases = [(["--updates", "0"], "--updates must be positive, got 0"),
-             (["--script", str(tmp_path / "none.py")], "cannot import")]
+    cases = [
+        (["--updates", "0"], "--updates must be positive, got 0"),
+        (["--script", str(tmp_path / "none.py")], "cannot import"),
+    ]
     import torch
 
     if not torch.cuda.is_available():
@@ -989,4 +1527,6 @@ def test_ensemble_speed_bad_input(tmp_path: Path, capsys):
     for args, fragment in cases:
         assert main(["ensemble-speed", *args]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1, err
+        assert (
+            err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1
+        ), err

@@ -30,8 +30,12 @@ ray = pytest.importorskip("ray")
 def cluster():
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    cluster.add_node(num_cpus=1, num_gpus=1)  # a GPU Ray believes in: enough to see requests honoured
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    cluster.add_node(
+        num_cpus=1, num_gpus=1
+    )  # a GPU Ray believes in: enough to see requests honoured
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     yield cluster
@@ -47,9 +51,28 @@ def sweep(tmp_path: Path, monkeypatch, cluster):
 
     def make(*entries: str) -> list[str]:
         (tmp_path / "zoo.toml").write_text("\n".join(entries))
-        return ["--zoo", "zoo.toml", "--algos-dir", "algos", "--runs-dir", "runs", "--results-dir", "results",
-                "--progress-interval-s", "600", "--backend", "ray", "--ray-address", cluster.address,
-                "--ray-requirements", "none", "--storage", str(tmp_path / "storage"), "--sync-interval-s", "1"]
+        return [
+            "--zoo",
+            "zoo.toml",
+            "--algos-dir",
+            "algos",
+            "--runs-dir",
+            "runs",
+            "--results-dir",
+            "results",
+            "--progress-interval-s",
+            "600",
+            "--backend",
+            "ray",
+            "--ray-address",
+            cluster.address,
+            "--ray-requirements",
+            "none",
+            "--storage",
+            str(tmp_path / "storage"),
+            "--sync-interval-s",
+            "1",
+        ]
 
     return make
 
@@ -60,9 +83,14 @@ def _driver(tmp_path: Path, args: list[str], name: str) -> subprocess.Popen:
     # and the driver would run on. Start it as from a terminal: with SIGINT caught here, exec resets it.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return subprocess.Popen([sys.executable, "-m", "benchmark", "full", *args, "--name", name], cwd=tmp_path,
-                                env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "benchmark", "full", *args, "--name", name],
+            cwd=tmp_path,
+            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -74,40 +102,73 @@ def _stored_log(tmp_path: Path, sweep: str, preset: str, seed: int = 1) -> str:
 
 def runs_ship_their_code_and_bring_outputs_back(tmp_path: Path, sweep) -> None:
     data = tmp_path / "data"  # absolute, as a folder every node mounts would be
-    args = sweep(preset_toml("a"), preset_toml("b", args="score = 7", full_extra="memory_gb = 1"),
-                 preset_toml("huge", full_extra="memory_gb = 100000"), preset_toml("gpu", extra="num_gpus = 1"),
-                 preset_toml("data", env="MountainCarContinuous-v0", args=f'dataset-path = "{data}/mc/expert-v0"',
-                             extra=f'dataset = {{ dataset_id = "mc/expert-v0", episodes = 1, root = "{data}" }}'),
-                 preset_toml("relative", env="Pendulum-v1", extra='dataset = { dataset_id = "pend/x-v0", root = "data" }'))
-    assert main(["full", *args, "--name", "ray"]) == 1  # 'huge' fits no node; 'relative' has no dataset
-    assert json.loads((tmp_path / "runs/ray/data/seed1/config.json").read_text())["dataset_ready"]  # built first
+    args = sweep(
+        preset_toml("a"),
+        preset_toml("b", args="score = 7", full_extra="memory_gb = 1"),
+        preset_toml("huge", full_extra="memory_gb = 100000"),
+        preset_toml("gpu", extra="num_gpus = 1"),
+        preset_toml(
+            "data",
+            env="MountainCarContinuous-v0",
+            args=f'dataset-path = "{data}/mc/expert-v0"',
+            extra=f'dataset = {{ dataset_id = "mc/expert-v0", episodes = 1, root = "{data}" }}',
+        ),
+        preset_toml(
+            "relative",
+            env="Pendulum-v1",
+            extra='dataset = { dataset_id = "pend/x-v0", root = "data" }',
+        ),
+    )
+    assert (
+        main(["full", *args, "--name", "ray"]) == 1
+    )  # 'huge' fits no node; 'relative' has no dataset
+    assert json.loads((tmp_path / "runs/ray/data/seed1/config.json").read_text())[
+        "dataset_ready"
+    ]  # built first
     assert record(tmp_path, "ray", "data")["status"] == "ok"
     relative = record(tmp_path, "ray", "relative")
     assert relative["status"] == "failed" and "its root data is relative" in relative["reason"]
     assert not (data / "pend").exists()
     assert record(tmp_path, "ray", "gpu")["status"] == "ok"
-    assert json.loads((tmp_path / "runs/ray/gpu/seed1/config.json").read_text())["gpus"] == "0"  # Ray gave it one
+    assert (
+        json.loads((tmp_path / "runs/ray/gpu/seed1/config.json").read_text())["gpus"] == "0"
+    )  # Ray gave it one
     for preset, score in (("a", 101.0), ("b", 8.0)):
         run_dir = tmp_path / "runs/ray" / preset / "seed1"
         rec = record(tmp_path, "ray", preset)
         assert rec["status"] == "ok" and rec["summary"]["eval_mean"] == score, rec
         log = (run_dir / "benchmark.log").read_text()
         # The script ran from the copy Ray shipped (working_dir), not from the driver's folder.
-        assert "attempt on node" in log and "fake run" in log and f"from {tmp_path / 'algos'}\n" not in log
+        assert (
+            "attempt on node" in log
+            and "fake run" in log
+            and f"from {tmp_path / 'algos'}\n" not in log
+        )
         assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "config.json").exists()
-        assert not (run_dir / "checkpoints").exists()  # big files stay on the worker, and in storage
+        assert not (
+            run_dir / "checkpoints"
+        ).exists()  # big files stay on the worker, and in storage
         assert (tmp_path / f"storage/ray/{preset}/seed1/checkpoints/latest.pt").exists()
         assert rec["command"][:1] == ["algos/fake.py"] and rec["provenance"]["device"] == "cpu"
         assert rec["provenance"]["host"] and rec["provenance"]["versions"]["torch"]
     huge = record(tmp_path, "ray", "huge")
-    assert huge["status"] == "failed" and "asks for 100000 GB of memory; a node of the Ray cluster" in huge["reason"]
+    assert (
+        huge["status"] == "failed"
+        and "asks for 100000 GB of memory; a node of the Ray cluster" in huge["reason"]
+    )
     assert (tmp_path / "results/ray/plots/b.png").exists()
 
 
 def a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster) -> None:
-    args = sweep(preset_toml("stall", args='behaviour = "stall-once"', timeout=300, env="Killed-v0"))
+    args = sweep(
+        preset_toml("stall", args='behaviour = "stall-once"', timeout=300, env="Killed-v0")
+    )
     driver = _driver(tmp_path, args, "kill")
-    _wait_for(lambda: (tmp_path / "storage/kill/stall/seed1/checkpoints/latest.pt").exists(), driver, timeout=180)
+    _wait_for(
+        lambda: (tmp_path / "storage/kill/stall/seed1/checkpoints/latest.pt").exists(),
+        driver,
+        timeout=180,
+    )
     node_id = _stored_log(tmp_path, "kill", "stall").split("attempt on node ")[1][:12]
     (node,) = [n for n in cluster.worker_nodes if n.node_id.startswith(node_id)]
     cluster.remove_node(node, allow_graceful=False)
@@ -115,12 +176,22 @@ def a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster) 
         out, err = driver.communicate(timeout=240)
         assert driver.returncode == 0, (out, err)
         rec = record(tmp_path, "kill", "stall")
-        assert rec["status"] == "ok" and rec["resumed"] and rec["command"][-1].endswith("checkpoints/latest.pt")
+        assert (
+            rec["status"] == "ok"
+            and rec["resumed"]
+            and rec["command"][-1].endswith("checkpoints/latest.pt")
+        )
         (earlier,) = rec["provenance"]["earlier_attempts"]  # the attempt on the killed node
         assert earlier["host"] and earlier["started"] < rec["provenance"]["finished"]
         log = (tmp_path / "runs/kill/stall/seed1/benchmark.log").read_text()
-        assert log.count("attempt on node") == 2 and "resumed from" in log and "resumed at step 100" in log, log
-        assert [step for step, _ in rec["curves"]["train"]] == list(range(10, 201, 10))  # both attempts' points
+        assert (
+            log.count("attempt on node") == 2
+            and "resumed from" in log
+            and "resumed at step 100" in log
+        ), log
+        assert [step for step, _ in rec["curves"]["train"]] == list(
+            range(10, 201, 10)
+        )  # both attempts' points
         _wait_for(lambda: not _processes_with("Killed-v0"), timeout=60)
     finally:
         cluster.add_node(num_cpus=1)  # two worker nodes again, for the two runs of what follows
@@ -131,8 +202,11 @@ def a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str)
     env, name = f"Stopped{stop.title().replace(' ', '')}-v0", f"stop-{stop.replace(' ', '-')}"
     args = sweep(preset_toml("slow", seeds=2, args='behaviour = "sleep"', timeout=300, env=env))
     driver = _driver(tmp_path, args, name)
-    _wait_for(lambda: all("fake run" in _stored_log(tmp_path, name, "slow", seed) for seed in (1, 2)), driver,
-              timeout=180)
+    _wait_for(
+        lambda: all("fake run" in _stored_log(tmp_path, name, "slow", seed) for seed in (1, 2)),
+        driver,
+        timeout=180,
+    )
     assert len(_processes_with(env)) >= 2
     if stop == "cancel":
         driver.send_signal(signal.SIGINT)  # Ctrl-C
@@ -145,9 +219,16 @@ def a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str)
         driver.communicate()
     start = time.monotonic()
     _wait_for(lambda: not _processes_with(env), timeout=90)
-    print(f"{stop}: training processes gone {time.monotonic() - start:.0f} s after the driver stopped")
-    if stop == "cancel":  # stopped by SIGTERM, so they leave their run folder as a checkpointing run would
-        assert json.loads((tmp_path / f"storage/{name}/slow/seed1/config.json").read_text())["env_id"] == env
+    print(
+        f"{stop}: training processes gone {time.monotonic() - start:.0f} s after the driver stopped"
+    )
+    if (
+        stop == "cancel"
+    ):  # stopped by SIGTERM, so they leave their run folder as a checkpointing run would
+        assert (
+            json.loads((tmp_path / f"storage/{name}/slow/seed1/config.json").read_text())["env_id"]
+            == env
+        )
 
 
 @pytest.mark.slow

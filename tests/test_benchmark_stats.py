@@ -14,8 +14,19 @@ from conftest import ROOT
 from scipy import stats
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
-from benchmark.aggregate import (check_target, crossing_step, eval_iqm_curve, holds, iqm, iqm_ci, normalise,
-                                 probability_of_improvement, run_metric, score_stats, stays_above_step)
+from benchmark.aggregate import (
+    check_target,
+    crossing_step,
+    eval_iqm_curve,
+    holds,
+    iqm,
+    iqm_ci,
+    normalise,
+    probability_of_improvement,
+    run_metric,
+    score_stats,
+    stays_above_step,
+)
 from benchmark.manifest import Target
 
 # full-v1's naf-pendulum final evaluations, seeds 1..5.
@@ -73,20 +84,27 @@ def rliable_poi(x: np.ndarray, y: np.ndarray) -> float:
 
 def test_probability_of_improvement_against_mann_whitney():
     rng = np.random.default_rng(1)
-    tasks = [(rng.integers(0, 5, 4).astype(float), rng.integers(0, 5, 6).astype(float)) for _ in range(3)]  # ties
+    tasks = [
+        (rng.integers(0, 5, 4).astype(float), rng.integers(0, 5, 6).astype(float)) for _ in range(3)
+    ]  # ties
     poi = probability_of_improvement(tasks)
     assert poi["p"] == pytest.approx(np.mean([rliable_poi(b, a) for b, a in tasks]))
     assert probability_of_improvement([([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])])["p"] == 0.5
-    assert probability_of_improvement([([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])]) == {"p": 1.0, "ci95": (1.0, 1.0)}
+    assert probability_of_improvement([([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])]) == {
+        "p": 1.0,
+        "ci95": (1.0, 1.0),
+    }
     low, high = poi["ci95"]
     assert low <= poi["p"] <= high
     assert probability_of_improvement([([1.0, 2.0], [0.0, 1.0, 2.0])])["ci95"] is None
 
 
 def test_sample_efficiency_from_evaluation_curves():
-    seeds = [[(100, -300.0), (200, -150.0), (300, -250.0), (400, -140.0), (500, -130.0)],
-             [(100, -280.0), (200, -180.0), (300, -170.0), (400, -150.0), (500, -120.0)],
-             [(100, -900.0), (200, -160.0), (300, -190.0), (400, -145.0), (500, -110.0), (600, 0.0)]]
+    seeds = [
+        [(100, -300.0), (200, -150.0), (300, -250.0), (400, -140.0), (500, -130.0)],
+        [(100, -280.0), (200, -180.0), (300, -170.0), (400, -150.0), (500, -120.0)],
+        [(100, -900.0), (200, -160.0), (300, -190.0), (400, -145.0), (500, -110.0), (600, 0.0)],
+    ]
     curve = eval_iqm_curve(seeds)
     # Only the steps every seed evaluated at; three seeds: the plain mean.
     assert [s for s, _ in curve] == [100, 200, 300, 400, 500]
@@ -96,7 +114,9 @@ def test_sample_efficiency_from_evaluation_curves():
     assert stays_above_step(curve, -100) is None
     assert stays_above_step(curve, -1000) == 100
     assert eval_iqm_curve([]) == [] and stays_above_step([], 0) is None
-    assert eval_iqm_curve([[(10, 1.0), (10, 3.0)]]) == [(10, 3.0)]  # a step logged twice: the last value
+    assert eval_iqm_curve([[(10, 1.0), (10, 3.0)]]) == [
+        (10, 3.0)
+    ]  # a step logged twice: the last value
 
 
 def test_training_crossing_hand_computed():
@@ -109,7 +129,9 @@ def test_training_crossing_hand_computed():
 
 
 def test_target_counts_a_failed_seed_as_a_miss():
-    target = Target(metric="eval_mean", threshold=-200, strict=False, at_least=4, of=5, text="t", mean_min=-160)
+    target = Target(
+        metric="eval_mean", threshold=-200, strict=False, at_least=4, of=5, text="t", mean_min=-160
+    )
     scores = [-150.0, -190.0, -210.0, -170.0, -180.0]  # 4 pass, mean -180
     assert check_target(target, scores, None)["status"] == "missed"
     assert check_target(target, [-150.0, -150.0, -210.0, -150.0, -140.0], None)["status"] == "met"
@@ -127,17 +149,44 @@ def test_target_counts_a_failed_seed_as_a_miss():
 def test_target_on_the_iqm_and_on_keeping_half_of_the_best():
     # Per seed >= 1000 in 4 of 5, IQM >= 3000 (of 5 scores, the mean of the middle three), each
     # seed's last evaluation >= half its best.
-    target = Target(metric="eval_mean", threshold=1000, strict=False, at_least=4, of=5, text="t", iqm_min=3000, hold=0.5)
-    scores = [500.0, 2800.0, 3000.0, 3200.0, 9000.0]  # IQM 3000 (a mean of 3700 would hide the weak seed)
+    target = Target(
+        metric="eval_mean",
+        threshold=1000,
+        strict=False,
+        at_least=4,
+        of=5,
+        text="t",
+        iqm_min=3000,
+        hold=0.5,
+    )
+    scores = [
+        500.0,
+        2800.0,
+        3000.0,
+        3200.0,
+        9000.0,
+    ]  # IQM 3000 (a mean of 3700 would hide the weak seed)
     assert iqm(scores) == pytest.approx(3000.0)
     result = check_target(target, scores, None, [True] * 5)
-    assert (result["status"], result["passed_seeds"], result["iqm"]) == ("met", 4, pytest.approx(3000.0))
-    assert check_target(target, [500.0, 2700.0, 3000.0, 3200.0, 9000.0], None, [True] * 5)["status"] == "missed"
+    assert (result["status"], result["passed_seeds"], result["iqm"]) == (
+        "met",
+        4,
+        pytest.approx(3000.0),
+    )
+    assert (
+        check_target(target, [500.0, 2700.0, 3000.0, 3200.0, 9000.0], None, [True] * 5)["status"]
+        == "missed"
+    )
     # a seed that fell below half its best is a miss even with a high final score; None (no curve) too
     assert check_target(target, scores, None, [True, True, False, True, True])["passed_seeds"] == 3
     assert check_target(target, scores, None, [True, True, None, True, True])["status"] == "missed"
     # a failed seed leaves the IQM incomplete: missed whatever the others score
-    assert check_target(target, [None, 5000.0, 5000.0, 5000.0, 5000.0], None, [None] + [True] * 4)["status"] == "missed"
+    assert (
+        check_target(target, [None, 5000.0, 5000.0, 5000.0, 5000.0], None, [None] + [True] * 4)[
+            "status"
+        ]
+        == "missed"
+    )
     with pytest.raises(ValueError, match="one `held` entry per seed"):
         check_target(target, scores, None)
 
@@ -146,15 +195,23 @@ def test_holds_compares_the_last_evaluation_with_the_best():
     record = {"curves": {"eval": [[1, 100.0], [2, 3000.0], [3, 1400.0]]}}
     assert holds(record, 0.5) is False  # 1400 < 1500
     assert holds({"curves": {"eval": [[1, 100.0], [2, 3000.0], [3, 1500.0]]}}, 0.5) is True
-    assert holds({"curves": {"eval": [[1, -300.0], [2, -100.0]]}}, 0.5) is False  # nothing positive was learned
+    assert (
+        holds({"curves": {"eval": [[1, -300.0], [2, -100.0]]}}, 0.5) is False
+    )  # nothing positive was learned
     assert holds({"curves": {"eval": []}}, 0.5) is None
 
 
 def test_run_metrics_final_and_lowest_of_the_last_three():
-    record = {"summary": {"eval_mean": 900.0}, "curves": {"eval": [[1, 10.0], [2, 1000.0], [3, 120.0], [4, 1000.0], [5, 900.0]]}}
+    record = {
+        "summary": {"eval_mean": 900.0},
+        "curves": {"eval": [[1, 10.0], [2, 1000.0], [3, 120.0], [4, 1000.0], [5, 900.0]]},
+    }
     assert run_metric(record, "eval_mean") == 900.0
     assert run_metric(record, "eval_min_last3") == 120.0  # forgot at step 3, recovered by the end
-    assert run_metric({**record, "curves": {"eval": [[1, 10.0], [2, 1000.0]]}}, "eval_min_last3") is None
+    assert (
+        run_metric({**record, "curves": {"eval": [[1, 10.0], [2, 1000.0]]}}, "eval_min_last3")
+        is None
+    )
     with pytest.raises(ValueError, match="unknown metric"):
         run_metric(record, "eval_max")
 

@@ -20,19 +20,49 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
-                      sigterm_on_call, summary)
+from conftest import (
+    ALGOS,
+    check_error,
+    check_eval_only_after_move,
+    check_ok,
+    copy_alone,
+    run_script,
+    scalars,
+    sigterm_on_call,
+    summary,
+)
 
 spec = importlib.util.spec_from_file_location("d4pg", ALGOS / "d4pg.py")
 d4pg = importlib.util.module_from_spec(spec)
 sys.modules["d4pg"] = d4pg  # dataclasses look the module up while it loads
 spec.loader.exec_module(d4pg)
 
-TINY = ["--total-steps", "600", "--learning-starts", "200", "--batch-size", "32", "--hidden-size", "32",
-        "--buffer-size", "5000", "--eval-episodes", "1", "--eval-interval", "400"]
+TINY = [
+    "--total-steps",
+    "600",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--hidden-size",
+    "32",
+    "--buffer-size",
+    "5000",
+    "--eval-episodes",
+    "1",
+    "--eval-interval",
+    "400",
+]
 # in-process runs: small networks, no periodic checkpoint or evaluation unless a test asks
-SMALL = dict(learning_starts=100, batch_size=32, hidden_size=32, buffer_size=5000, eval_episodes=1, eval_interval=0,
-             checkpoint_interval=0)
+SMALL = dict(
+    learning_starts=100,
+    batch_size=32,
+    hidden_size=32,
+    buffer_size=5000,
+    eval_episodes=1,
+    eval_interval=0,
+    checkpoint_interval=0,
+)
 
 
 # ---------------------------------------------------------------- categorical projection
@@ -61,13 +91,19 @@ def test_projection_matches_brute_force():
     discount = rng.choice([0.0, 0.99**5, 0.99**2, 1.0], B)  # 0: terminal transitions
     p = rng.dirichlet(np.ones(N), B)
     shifted = R[:, None] + discount[:, None] * z
-    assert (shifted < z[0]).any() and (shifted > z[-1]).any(), "the case must include atoms outside the support"
+    assert (shifted < z[0]).any() and (shifted > z[-1]).any(), (
+        "the case must include atoms outside the support"
+    )
     assert (discount == 0).any()
-    got = d4pg.categorical_projection(torch.tensor(R), torch.tensor(discount), torch.tensor(p), torch.tensor(z)).numpy()
+    got = d4pg.categorical_projection(
+        torch.tensor(R), torch.tensor(discount), torch.tensor(p), torch.tensor(z)
+    ).numpy()
     np.testing.assert_allclose(got, brute_force_projection(R, discount, p, z), atol=1e-12)
     np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-12)
     # float32 on the default path also sums to 1
-    got32 = d4pg.categorical_projection(*(torch.tensor(x, dtype=torch.float32) for x in (R, discount, p, z)))
+    got32 = d4pg.categorical_projection(
+        *(torch.tensor(x, dtype=torch.float32) for x in (R, discount, p, z))
+    )
     np.testing.assert_allclose(got32.sum(-1).numpy(), 1.0, atol=1e-5)
 
 
@@ -76,7 +112,9 @@ def test_projection_terminal_cases():
     p = torch.full((4, 5), 0.2)
     R = torch.tensor([1.0, 0.25, -7.0, 9.0])
     m = d4pg.categorical_projection(R, torch.zeros(4), p, z)  # terminal: all mass at R, whatever p'
-    expected = torch.tensor([[0, 0, 0, 1, 0], [0, 0, 0.75, 0.25, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 1.0]])
+    expected = torch.tensor(
+        [[0, 0, 0, 1, 0], [0, 0, 0.75, 0.25, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 1.0]]
+    )
     torch.testing.assert_close(m, expected)
 
 
@@ -85,26 +123,51 @@ def collect(windows, steps):
     """Feed (obs, action, reward, terminated, truncated, real_next_obs) rows; return emitted tuples."""
     out = []
     for s, r, term, trunc, nxt in steps:
-        tr = windows.add(np.array([[s]], np.float32), np.array([[s / 100]], np.float32), np.array([r]),
-                         np.array([term]), np.array([trunc]), np.array([[nxt]], np.float32))
+        tr = windows.add(
+            np.array([[s]], np.float32),
+            np.array([[s / 100]], np.float32),
+            np.array([r]),
+            np.array([term]),
+            np.array([trunc]),
+            np.array([[nxt]], np.float32),
+        )
         out += rows(tr)
     return out
 
 
 def rows(tr):
-    return [(float(o[0]), float(a[0]), float(R), float(d), float(n[0]))
-            for o, a, R, d, n in zip(tr["obs"], tr["actions"], tr["returns"], tr["discounts"], tr["next_obs"])]
+    return [
+        (float(o[0]), float(a[0]), float(R), float(d), float(n[0]))
+        for o, a, R, d, n in zip(
+            tr["obs"], tr["actions"], tr["returns"], tr["discounts"], tr["next_obs"]
+        )
+    ]
 
 
 # episode A terminates after 3 steps; episode B is truncated after 5; episode C is still running
-SEQUENCE = [(0, 1, False, False, 1), (1, 2, False, False, 2), (2, 3, True, False, 3),
-            (10, 10, False, False, 11), (11, 20, False, False, 12), (12, 30, False, False, 13),
-            (13, 40, False, False, 14), (14, 50, False, True, 15),
-            (20, 100, False, False, 21), (21, 200, False, False, 22)]
+SEQUENCE = [
+    (0, 1, False, False, 1),
+    (1, 2, False, False, 2),
+    (2, 3, True, False, 3),
+    (10, 10, False, False, 11),
+    (11, 20, False, False, 12),
+    (12, 30, False, False, 13),
+    (13, 40, False, False, 14),
+    (14, 50, False, True, 15),
+    (20, 100, False, False, 21),
+    (21, 200, False, False, 22),
+]
 # n = 3, gamma = 0.5, by hand: (s_t, a_t, R, gamma^m (1 - terminated), s_{t+m})
-EXPECTED = [(0, 0.00, 1 + 0.5 * 2 + 0.25 * 3, 0.0, 3), (1, 0.01, 2 + 0.5 * 3, 0.0, 3), (2, 0.02, 3, 0.0, 3),
-            (10, 0.10, 10 + 0.5 * 20 + 0.25 * 30, 0.125, 13), (11, 0.11, 20 + 0.5 * 30 + 0.25 * 40, 0.125, 14),
-            (12, 0.12, 30 + 0.5 * 40 + 0.25 * 50, 0.125, 15), (13, 0.13, 40 + 0.5 * 50, 0.25, 15), (14, 0.14, 50, 0.5, 15)]
+EXPECTED = [
+    (0, 0.00, 1 + 0.5 * 2 + 0.25 * 3, 0.0, 3),
+    (1, 0.01, 2 + 0.5 * 3, 0.0, 3),
+    (2, 0.02, 3, 0.0, 3),
+    (10, 0.10, 10 + 0.5 * 20 + 0.25 * 30, 0.125, 13),
+    (11, 0.11, 20 + 0.5 * 30 + 0.25 * 40, 0.125, 14),
+    (12, 0.12, 30 + 0.5 * 40 + 0.25 * 50, 0.125, 15),
+    (13, 0.13, 40 + 0.5 * 50, 0.25, 15),
+    (14, 0.14, 50, 0.5, 15),
+]
 FLUSHED = [(20, 0.20, 100 + 0.5 * 200, 0.25, 22), (21, 0.21, 200, 0.5, 22)]
 
 
@@ -112,7 +175,9 @@ def test_nstep_hand_computed():
     windows = d4pg.NStepWindows(1, n=3, gamma=0.5, obs_dim=1, act_dim=1)
     got = collect(windows, SEQUENCE)
     np.testing.assert_allclose(np.array(got), np.array(EXPECTED), rtol=1e-6)
-    np.testing.assert_allclose(np.array(rows(windows.flush(np.array([[22.0]])))), np.array(FLUSHED), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.array(rows(windows.flush(np.array([[22.0]])))), np.array(FLUSHED), rtol=1e-6
+    )
     assert rows(windows.flush(np.array([[0.0]]))) == []  # flushing empties the windows
 
 
@@ -121,15 +186,29 @@ def test_nstep_windows_checkpoint_roundtrip_and_vectorised():
     first = collect(windows, SEQUENCE[:4])
     restored = d4pg.NStepWindows(1, n=3, gamma=0.5, obs_dim=1, act_dim=1)
     restored.load_state_dict(windows.state_dict())
-    assert first + collect(restored, SEQUENCE[4:]) == collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), SEQUENCE)
+    assert first + collect(restored, SEQUENCE[4:]) == collect(
+        d4pg.NStepWindows(1, 3, 0.5, 1, 1), SEQUENCE
+    )
     # two envs stepping together emit what each would alone
-    other = [(s + 50, r * 3, t, tr, n + 50) for s, r, t, tr, n in reversed(SEQUENCE)]  # ends elsewhere
+    other = [
+        (s + 50, r * 3, t, tr, n + 50) for s, r, t, tr, n in reversed(SEQUENCE)
+    ]  # ends elsewhere
     both = d4pg.NStepWindows(2, n=3, gamma=0.5, obs_dim=1, act_dim=1)
     out = []
     for (s0, r0, t0, u0, n0), (s1, r1, t1, u1, n1) in zip(SEQUENCE, other):
-        out += rows(both.add(np.array([[s0], [s1]], np.float32), np.array([[s0 / 100], [s1 / 100]], np.float32),
-                             np.array([r0, r1]), np.array([t0, t1]), np.array([u0, u1]), np.array([[n0], [n1]], np.float32)))
-    alone = collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), SEQUENCE) + collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), other)
+        out += rows(
+            both.add(
+                np.array([[s0], [s1]], np.float32),
+                np.array([[s0 / 100], [s1 / 100]], np.float32),
+                np.array([r0, r1]),
+                np.array([t0, t1]),
+                np.array([u0, u1]),
+                np.array([[n0], [n1]], np.float32),
+            )
+        )
+    alone = collect(d4pg.NStepWindows(1, 3, 0.5, 1, 1), SEQUENCE) + collect(
+        d4pg.NStepWindows(1, 3, 0.5, 1, 1), other
+    )
     assert sorted(out) == sorted(alone)
 
 
@@ -153,11 +232,18 @@ class CountingEnv(gym.Env):
         return np.array([self.t], np.float32), float(self.t), terminated, False, {}
 
 
-gym.register("D4pgTestTerminate-v0", entry_point=CountingEnv, kwargs={"terminate_at": 4}, max_episode_steps=100)
+gym.register(
+    "D4pgTestTerminate-v0",
+    entry_point=CountingEnv,
+    kwargs={"terminate_at": 4},
+    max_episode_steps=100,
+)
 gym.register("D4pgTestTruncate-v0", entry_point=CountingEnv, max_episode_steps=6)
 
 
-@pytest.mark.parametrize("env_id, end, terminal", [("D4pgTestTerminate-v0", 4, True), ("D4pgTestTruncate-v0", 6, False)])
+@pytest.mark.parametrize(
+    "env_id, end, terminal", [("D4pgTestTerminate-v0", 4, True), ("D4pgTestTruncate-v0", 6, False)]
+)
 def test_autoreset_step_never_stored(env_id, end, terminal):
     """Through the file's own vector env: no transition starts at a final state or spans episodes."""
     n, gamma = 3, 0.9
@@ -166,14 +252,27 @@ def test_autoreset_step_never_stored(env_id, end, terminal):
     got = []
     for _ in range(3 * end + 2):
         actions = np.zeros((2, 1), np.float32)
-        next_obs, rewards, terminated, truncated, infos = envs.step(d4pg.scale_action(actions, -1, 1))
-        got += rows(windows.add(obs, actions, rewards, terminated, truncated, d4pg.final_observations(next_obs, infos)))
+        next_obs, rewards, terminated, truncated, infos = envs.step(
+            d4pg.scale_action(actions, -1, 1)
+        )
+        got += rows(
+            windows.add(
+                obs,
+                actions,
+                rewards,
+                terminated,
+                truncated,
+                d4pg.final_observations(next_obs, infos),
+            )
+        )
         obs = next_obs
     envs.close()
     assert len(got) == 2 * 3 * end  # three whole episodes per env, the last 2 steps still pending
     for s, _, R, discount, s_next in got:
         t0 = int(s)
-        assert 0 <= t0 < end  # the final state never starts a transition (NEXT_STEP's reset step would)
+        assert (
+            0 <= t0 < end
+        )  # the final state never starts a transition (NEXT_STEP's reset step would)
         assert s_next == min(t0 + n, end)  # the real final observation, not the reset one
         m = int(s_next) - t0
         assert R == pytest.approx(sum(gamma**k * (t0 + k + 1) for k in range(m)), rel=1e-6)
@@ -184,9 +283,15 @@ def test_autoreset_step_never_stored(env_id, end, terminal):
 # ---------------------------------------------------------------- prioritised replay
 def filled_buffer(size, capacity, alpha, priorities):
     buf = d4pg.ReplayBuffer(capacity, 1, 1, prioritized=True, alpha=alpha)
-    buf.add({"obs": np.arange(size, dtype=np.float32)[:, None], "actions": np.zeros((size, 1), np.float32),
-             "returns": np.zeros(size, np.float32), "discounts": np.ones(size, np.float32),
-             "next_obs": np.zeros((size, 1), np.float32)})
+    buf.add(
+        {
+            "obs": np.arange(size, dtype=np.float32)[:, None],
+            "actions": np.zeros((size, 1), np.float32),
+            "returns": np.zeros(size, np.float32),
+            "discounts": np.ones(size, np.float32),
+            "next_obs": np.zeros((size, 1), np.float32),
+        }
+    )
     buf.update_priorities(np.arange(size), priorities)
     return buf
 
@@ -215,7 +320,9 @@ def test_prioritized_probabilities_and_weights():
 def test_priority_updates():
     alpha = 0.7
     buf = filled_buffer(5, 6, alpha, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
-    buf.update_priorities(np.array([0, 3, 0]), np.array([9.0, 0.5, 7.0]))  # a repeated index keeps its last value
+    buf.update_priorities(
+        np.array([0, 3, 0]), np.array([9.0, 0.5, 7.0])
+    )  # a repeated index keeps its last value
     leaves = buf.tree.nodes[buf.tree.leaves : buf.tree.leaves + 5]
     np.testing.assert_allclose(leaves, (np.array([7.0, 2.0, 3.0, 0.5, 5.0]) + 1e-6) ** alpha)
     check_tree(buf.tree)
@@ -224,13 +331,20 @@ def test_priority_updates():
     # new transitions enter at the largest priority so far; the ring overwrites the oldest slot
     buf.add({k: v[:2] for k, v in filled_buffer(2, 2, alpha, np.ones(2)).data.items()})
     assert buf.size == 6 and buf.pos == 1
-    np.testing.assert_allclose(buf.tree.nodes[buf.tree.leaves + np.array([5, 0])], (9.0 + 1e-6) ** alpha)
+    np.testing.assert_allclose(
+        buf.tree.nodes[buf.tree.leaves + np.array([5, 0])], (9.0 + 1e-6) ** alpha
+    )
     check_tree(buf.tree)
-    restored = d4pg.ReplayBuffer(6, 1, 1, prioritized=True, alpha=alpha)  # and the priorities survive a checkpoint
+    restored = d4pg.ReplayBuffer(
+        6, 1, 1, prioritized=True, alpha=alpha
+    )  # and the priorities survive a checkpoint
     restored.load_state_dict(buf.state_dict())
     np.testing.assert_array_equal(restored.tree.nodes, buf.tree.nodes)
     assert restored.max_priority == buf.max_priority
-    assert restored.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist() == buf.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist()
+    assert (
+        restored.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist()
+        == buf.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist()
+    )
 
 
 # ---------------------------------------------------------------- one update, against a plain re-statement
@@ -238,16 +352,28 @@ def small_nets(seed=0, obs_dim=3, act_dim=2, hidden=16, atoms=11, lr=0.1):
     """Random networks (targets different from the online ones) with SGD, so that a step is -lr * gradient
     and a clipped gradient shows in the parameters (Adam's first step would hide its scale)."""
     torch.manual_seed(seed)
-    actor, critic = d4pg.Actor(obs_dim, act_dim, hidden), d4pg.Critic(obs_dim, act_dim, hidden, atoms)
+    actor, critic = (
+        d4pg.Actor(obs_dim, act_dim, hidden),
+        d4pg.Critic(obs_dim, act_dim, hidden, atoms),
+    )
     with torch.no_grad():
         actor.head.weight.normal_(0, 1.0)  # not the near-zero init: a = tanh(.) away from 0
-    nets = {"actor": actor, "critic": critic, "actor_target": d4pg.Actor(obs_dim, act_dim, hidden),
-            "critic_target": d4pg.Critic(obs_dim, act_dim, hidden, atoms)}
+    nets = {
+        "actor": actor,
+        "critic": critic,
+        "actor_target": d4pg.Actor(obs_dim, act_dim, hidden),
+        "critic_target": d4pg.Critic(obs_dim, act_dim, hidden, atoms),
+    }
     nets["actor_optim"] = torch.optim.SGD(actor.parameters(), lr=lr)
     nets["critic_optim"] = torch.optim.SGD(critic.parameters(), lr=lr)
     B = 64
-    batch = {"obs": torch.randn(B, obs_dim), "actions": torch.rand(B, act_dim) * 2 - 1, "returns": torch.randn(B) * 20,
-             "discounts": torch.tensor([0.0, 0.9**3] * (B // 2)), "next_obs": torch.randn(B, obs_dim)}
+    batch = {
+        "obs": torch.randn(B, obs_dim),
+        "actions": torch.rand(B, act_dim) * 2 - 1,
+        "returns": torch.randn(B) * 20,
+        "discounts": torch.tensor([0.0, 0.9**3] * (B // 2)),
+        "next_obs": torch.randn(B, obs_dim),
+    }
     return nets, batch, torch.rand(B) + 0.5, torch.linspace(-100.0, 100.0, atoms)
 
 
@@ -268,9 +394,18 @@ def reference_update(nets, b, weights, z, dqda_clip, max_grad_norm, tau, lr=0.1)
         return norm.item()
 
     with torch.no_grad():
-        p_next = nets["critic_target"](b["next_obs"], nets["actor_target"](b["next_obs"])).softmax(-1)
-    target = torch.tensor(brute_force_projection(b["returns"].double().numpy(), b["discounts"].double().numpy(),
-                                                 p_next.double().numpy(), z.double().numpy()), dtype=torch.float32)
+        p_next = nets["critic_target"](b["next_obs"], nets["actor_target"](b["next_obs"])).softmax(
+            -1
+        )
+    target = torch.tensor(
+        brute_force_projection(
+            b["returns"].double().numpy(),
+            b["discounts"].double().numpy(),
+            p_next.double().numpy(),
+            z.double().numpy(),
+        ),
+        dtype=torch.float32,
+    )
     log_p = torch.log_softmax(critic(b["obs"], b["actions"]), -1)
     critic_norm = sgd(critic, (weights * -(target * log_p).sum(-1)).mean())
     a = actor(b["obs"])
@@ -286,7 +421,9 @@ def reference_update(nets, b, weights, z, dqda_clip, max_grad_norm, tau, lr=0.1)
     return critic_norm, actor_norm, norms.squeeze(-1)
 
 
-@pytest.mark.parametrize("dqda_clip, max_grad_norm", [(0.0, 0.0), (1.0, 0.0), (0.0, 0.05), (1.0, 0.05)])
+@pytest.mark.parametrize(
+    "dqda_clip, max_grad_norm", [(0.0, 0.0), (1.0, 0.0), (0.0, 0.05), (1.0, 0.05)]
+)
 def test_update_matches_reference(dqda_clip, max_grad_norm):
     """Default (no clipping) and each of Acme's two clips: d4pg.update leaves the same parameters as the
     re-statement, so the order (critic step first, actor through the updated critic) is pinned too."""
@@ -294,11 +431,15 @@ def test_update_matches_reference(dqda_clip, max_grad_norm):
     nets, batch, weights, z = small_nets()
     ref_nets, _, _, _ = small_nets()
     metrics, priorities = d4pg.update(**nets, b=batch, weights=weights, z=z, args=args)
-    critic_norm, actor_norm, dqda_norms = reference_update(ref_nets, batch, weights, z, dqda_clip, max_grad_norm, tau=0.1)
+    critic_norm, actor_norm, dqda_norms = reference_update(
+        ref_nets, batch, weights, z, dqda_clip, max_grad_norm, tau=0.1
+    )
     # the clips must bind for the comparison to mean something: some samples' dQ/da beyond 1, not all
     assert 0 < (dqda_norms > 1.0).float().mean() < 1 and min(critic_norm, actor_norm) > 0.05
     for key in ("actor", "critic", "actor_target", "critic_target"):
-        for (name, got), want in zip(nets[key].state_dict().items(), ref_nets[key].state_dict().values()):
+        for (name, got), want in zip(
+            nets[key].state_dict().items(), ref_nets[key].state_dict().values()
+        ):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{key}.{name}")
     assert metrics["losses/q_values"] == pytest.approx(-metrics["losses/actor_loss"].item())
     assert priorities.shape == (64,) and (priorities > -1e-5).all()  # KL(Phi Y || p) >= 0
@@ -309,7 +450,13 @@ def test_clips_change_the_update():
     finals = []
     for dqda_clip, max_grad_norm in ((0.0, 0.0), (1.0, 0.0), (0.0, 0.05)):
         nets, batch, weights, z = small_nets()
-        d4pg.update(**nets, b=batch, weights=weights, z=z, args=d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm))
+        d4pg.update(
+            **nets,
+            b=batch,
+            weights=weights,
+            z=z,
+            args=d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm),
+        )
         finals.append(torch.cat([p.flatten() for p in nets["actor"].parameters()]))
     assert not torch.allclose(finals[0], finals[1]) and not torch.allclose(finals[0], finals[2])
 
@@ -323,29 +470,43 @@ def error_of(**kwargs) -> str:
     return message
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"env_id": "CartPole-v1"}, "ppg.py"),
-    ({"env_id": "CarRacing-v3"}, "ppo_atari.py or dqn_atari.py"),
-    ({"env_id": "NoSuchEnv-v0"}, "cannot make environment 'NoSuchEnv-v0'"),
-    ({"num_envs": 0}, "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1"),
-    ({"n_step": 0}, "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1"),
-    ({"buffer_size": 10, "batch_size": 32}, "--buffer-size must be at least --batch-size"),
-    ({"num_atoms": 1}, "--num-atoms of at least 2"),
-    ({"v_min": 5.0, "v_max": 5.0}, "--v-min below --v-max"),
-    ({"gamma": 1.5}, "--gamma and --tau must lie in (0, 1]"),
-    ({"tau": 0.0}, "--gamma and --tau must lie in (0, 1]"),
-    ({"per_beta": 2.0}, "--per-beta in [0, 1]"),
-    ({"critic_lr": 0.0}, "--actor-lr, --critic-lr and --updates-per-step must be positive"),
-    ({"updates_per_step": 0.0}, "--actor-lr, --critic-lr and --updates-per-step must be positive"),
-    ({"sigma": -0.1}, "must be >= 0"),
-    ({"dqda_clip": -1.0}, "--dqda-clip and --max-grad-norm must be >= 0"),
-    ({"max_grad_norm": -1.0}, "--dqda-clip and --max-grad-norm must be >= 0"),
-    ({"total_steps": 0}, "--total-steps must be positive"),
-    pytest.param({"device": "cuda"}, "CUDA is not available",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the error needs a machine without CUDA")),
-    ({"eval_only": True}, "--eval-only needs --checkpoint"),
-    ({"resume": "/nonexistent/latest.pt"}, "does not exist"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"env_id": "CartPole-v1"}, "ppg.py"),
+        ({"env_id": "CarRacing-v3"}, "ppo_atari.py or dqn_atari.py"),
+        ({"env_id": "NoSuchEnv-v0"}, "cannot make environment 'NoSuchEnv-v0'"),
+        (
+            {"num_envs": 0},
+            "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1",
+        ),
+        ({"n_step": 0}, "--num-envs, --batch-size, --n-step and --hidden-size must be at least 1"),
+        ({"buffer_size": 10, "batch_size": 32}, "--buffer-size must be at least --batch-size"),
+        ({"num_atoms": 1}, "--num-atoms of at least 2"),
+        ({"v_min": 5.0, "v_max": 5.0}, "--v-min below --v-max"),
+        ({"gamma": 1.5}, "--gamma and --tau must lie in (0, 1]"),
+        ({"tau": 0.0}, "--gamma and --tau must lie in (0, 1]"),
+        ({"per_beta": 2.0}, "--per-beta in [0, 1]"),
+        ({"critic_lr": 0.0}, "--actor-lr, --critic-lr and --updates-per-step must be positive"),
+        (
+            {"updates_per_step": 0.0},
+            "--actor-lr, --critic-lr and --updates-per-step must be positive",
+        ),
+        ({"sigma": -0.1}, "must be >= 0"),
+        ({"dqda_clip": -1.0}, "--dqda-clip and --max-grad-norm must be >= 0"),
+        ({"max_grad_norm": -1.0}, "--dqda-clip and --max-grad-norm must be >= 0"),
+        ({"total_steps": 0}, "--total-steps must be positive"),
+        pytest.param(
+            {"device": "cuda"},
+            "CUDA is not available",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="the error needs a machine without CUDA"
+            ),
+        ),
+        ({"eval_only": True}, "--eval-only needs --checkpoint"),
+        ({"resume": "/nonexistent/latest.pt"}, "does not exist"),
+    ],
+)
 def test_bad_input_messages(kwargs, fragment, tmp_path):
     assert fragment in error_of(run_dir=str(tmp_path / "run"), **kwargs)
     assert not (tmp_path / "run").exists()  # nothing written
@@ -355,13 +516,28 @@ def test_refuses_foreign_and_incompatible_checkpoints(tmp_path):
     path = tmp_path / "latest.pt"
 
     def refusal(ckpt, **kwargs):
-        torch.save({"harness": 1, "env_id": "Pendulum-v1", "global_step": 100, "args": asdict(d4pg.Args()), **ckpt}, path)
+        torch.save(
+            {
+                "harness": 1,
+                "env_id": "Pendulum-v1",
+                "global_step": 100,
+                "args": asdict(d4pg.Args()),
+                **ckpt,
+            },
+            path,
+        )
         return error_of(resume=str(path), **kwargs)
 
     assert "written by naf.py, not d4pg.py" in refusal({"algo": "naf"})
-    assert "is for HalfCheetah-v5, not Pendulum-v1" in refusal({"algo": "d4pg", "env_id": "HalfCheetah-v5"})
-    assert "made with --num-atoms 11, not 51; pass --num-atoms 11" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(num_atoms=11))})
-    assert "was made with --prioritized, not False; pass --prioritized" in refusal({"algo": "d4pg", "args": asdict(d4pg.Args(prioritized=True))})
+    assert "is for HalfCheetah-v5, not Pendulum-v1" in refusal(
+        {"algo": "d4pg", "env_id": "HalfCheetah-v5"}
+    )
+    assert "made with --num-atoms 11, not 51; pass --num-atoms 11" in refusal(
+        {"algo": "d4pg", "args": asdict(d4pg.Args(num_atoms=11))}
+    )
+    assert "was made with --prioritized, not False; pass --prioritized" in refusal(
+        {"algo": "d4pg", "args": asdict(d4pg.Args(prioritized=True))}
+    )
     assert "below the checkpoint's step 30000" in refusal({"algo": "d4pg", "global_step": 30_000})
     torch.save({"algo": "d4pg"}, path)
     assert "not a checkpoint written by this library" in error_of(resume=str(path))
@@ -374,10 +550,16 @@ def test_track_without_wandb_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_bad_input_by_subprocess(tmp_path):
-    check_error(run_script("d4pg.py", "--env-id", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "a")), "d4pg.py: error", "NoSuchEnv-v0")
+    check_error(
+        run_script("d4pg.py", "--env-id", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "a")),
+        "d4pg.py: error",
+        "NoSuchEnv-v0",
+    )
     corrupt = tmp_path / "latest.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    check_error(run_script("d4pg.py", "--resume", str(corrupt), "--run-dir", str(tmp_path / "b")), "corrupt")
+    check_error(
+        run_script("d4pg.py", "--resume", str(corrupt), "--run-dir", str(tmp_path / "b")), "corrupt"
+    )
     assert not list(tmp_path.glob("?"))
 
 
@@ -392,26 +574,67 @@ def test_copy_alone_run_outputs_and_eval_only(tmp_path):
     proc = run_script(script, *TINY, "--run-dir", "run", "--v-min", "-100", cwd=tmp_path)
     check_ok(proc)
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "outside the critic support [-100, 0]" in warnings[0]  # once, three episodes
+    assert (
+        len(warnings) == 1 and "outside the critic support [-100, 0]" in warnings[0]
+    )  # once, three episodes
     run = tmp_path / "run"
     s = summary(run)
-    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
-                "eval_returns", "wall_time_s", "sps", "peak_rss_mb"):
+    for key in (
+        "script",
+        "algo",
+        "env_id",
+        "seed",
+        "global_step",
+        "eval_mean",
+        "eval_std",
+        "eval_episodes",
+        "eval_returns",
+        "wall_time_s",
+        "sps",
+        "peak_rss_mb",
+    ):
         assert key in s
-    assert (s["script"], s["algo"], s["global_step"], s["eval_episodes"]) == ("d4pg.py", "d4pg", 600, 1)
+    assert (s["script"], s["algo"], s["global_step"], s["eval_episodes"]) == (
+        "d4pg.py",
+        "d4pg",
+        600,
+        1,
+    )
     assert json.loads((run / "config.json").read_text())["total_steps"] == 600
-    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                "losses/critic_loss", "losses/actor_loss", "losses/q_values"):
+    for tag in (
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/critic_loss",
+        "losses/actor_loss",
+        "losses/q_values",
+    ):
         assert scalars(run, tag), tag
     assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 600]
     assert scalars(run, "eval/episodic_return")[-1][1] == pytest.approx(s["eval_mean"])
     ckpt = load(run / "checkpoints" / "latest.pt")
-    assert ckpt["algo"] == "d4pg" and ckpt["global_step"] == 600 and ckpt["num_updates"] == 401  # one per step from step 200
-    assert ckpt["buffer"]["size"] == 600 and ckpt["windows"]["count"].tolist() == [0]  # 3 whole episodes of 200
-    assert set(ckpt["rng"]) == {"torch", "numpy"}  # exactly the generators the file draws from (no CUDA here)
+    assert (
+        ckpt["algo"] == "d4pg" and ckpt["global_step"] == 600 and ckpt["num_updates"] == 401
+    )  # one per step from step 200
+    assert ckpt["buffer"]["size"] == 600 and ckpt["windows"]["count"].tolist() == [
+        0
+    ]  # 3 whole episodes of 200
+    assert set(ckpt["rng"]) == {
+        "torch",
+        "numpy",
+    }  # exactly the generators the file draws from (no CUDA here)
 
-    proc = run_script(script, "--eval-only", "--checkpoint", str(run / "checkpoints" / "latest.pt"),
-                      "--eval-episodes", "1", "--capture-video", cwd=tmp_path)
+    proc = run_script(
+        script,
+        "--eval-only",
+        "--checkpoint",
+        str(run / "checkpoints" / "latest.pt"),
+        "--eval-episodes",
+        "1",
+        "--capture-video",
+        cwd=tmp_path,
+    )
     check_ok(proc)
     result = json.loads((run / "eval.json").read_text())
     assert result["eval_returns"] == s["eval_returns"]  # same seeds, same deterministic actor
@@ -429,21 +652,37 @@ def test_resume_flushes_windows_and_continues_curve(tmp_path, restore_signals):
     shutil.copy(run / "checkpoints" / "latest.pt", first)
     d4pg.train(d4pg.Args(total_steps=1000, resume=str(first), **flags))
     a, b = load(first), load(run / "checkpoints" / "latest.pt")
-    assert summary(run)["global_step"] == b["global_step"] == 1000 and b["num_updates"] > a["num_updates"]
+    assert (
+        summary(run)["global_step"] == b["global_step"] == 1000
+        and b["num_updates"] > a["num_updates"]
+    )
     assert a["beta_horizon"] == b["beta_horizon"] == 500
     n_a = a["buffer"]["size"]
     assert n_a == 500 - 2 * 4 and a["windows"]["count"].tolist() == [4, 4]
     for key in ("obs", "actions", "returns", "discounts", "next_obs"):
         torch.testing.assert_close(b["buffer"][key][:n_a], a["buffer"][key])  # the same data
-    flushed = {k: b["buffer"][k][n_a : n_a + 8] for k in ("obs", "returns", "discounts", "next_obs")}
+    flushed = {
+        k: b["buffer"][k][n_a : n_a + 8] for k in ("obs", "returns", "discounts", "next_obs")
+    }
     torch.testing.assert_close(flushed["obs"], a["windows"]["obs"][:, :4].reshape(8, -1))
     torch.testing.assert_close(flushed["next_obs"], a["last_obs"].repeat_interleave(4, 0))
     gamma, r = 0.99, a["windows"]["rewards"][:, :4].double()
-    expected = torch.stack([sum(gamma**k * r[e, j + k] for k in range(4 - j)) for e in range(2) for j in range(4)])
+    expected = torch.stack(
+        [sum(gamma**k * r[e, j + k] for k in range(4 - j)) for e in range(2) for j in range(4)]
+    )
     torch.testing.assert_close(flushed["returns"].double(), expected, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(flushed["discounts"], torch.tensor([gamma ** (4 - j) for _ in range(2) for j in range(4)]))
+    torch.testing.assert_close(
+        flushed["discounts"], torch.tensor([gamma ** (4 - j) for _ in range(2) for j in range(4)])
+    )
     assert [step for step, _ in scalars(run, "charts/episodic_return")] == [400, 400, 900, 900]
-    assert [step for step, _ in scalars(run, "losses/critic_loss")] == [200, 400, 500, 600, 800, 1000]
+    assert [step for step, _ in scalars(run, "losses/critic_loss")] == [
+        200,
+        400,
+        500,
+        600,
+        800,
+        1000,
+    ]
     assert [step for step, _ in scalars(run, "eval/episodic_return")] == [400, 500, 800, 1000]
 
 
@@ -461,12 +700,22 @@ class LineEnv(gym.Env):
 
     def step(self, action):
         self.x, self.t = float(np.clip(self.x + 0.2 * action[0], -2, 2)), self.t + 1
-        return np.array([self.x, self.t / 25], np.float32), -self.x**2, False, False, {}
+        return np.array([self.x, self.t / 25], np.float32), -(self.x**2), False, False, {}
 
 
 gym.register("D4pgTestLine-v0", entry_point=LineEnv, max_episode_steps=25)
-LINE = dict(SMALL, env_id="D4pgTestLine-v0", num_envs=2, total_steps=200, learning_starts=50, batch_size=16,
-            hidden_size=16, n_step=3, v_min=-100.0, checkpoint_interval=100)
+LINE = dict(
+    SMALL,
+    env_id="D4pgTestLine-v0",
+    num_envs=2,
+    total_steps=200,
+    learning_starts=50,
+    batch_size=16,
+    hidden_size=16,
+    n_step=3,
+    v_min=-100.0,
+    checkpoint_interval=100,
+)
 
 
 def run_with_checkpoint_copy(monkeypatch, args, step, copy_to):
@@ -483,8 +732,14 @@ def run_with_checkpoint_copy(monkeypatch, args, step, copy_to):
 
 
 def after(run, step):
-    tags = ("losses/critic_loss", "losses/actor_loss", "losses/q_values", "charts/num_updates",
-            "charts/episodic_return", "eval/episodic_return")
+    tags = (
+        "losses/critic_loss",
+        "losses/actor_loss",
+        "losses/q_values",
+        "charts/num_updates",
+        "charts/episodic_return",
+        "eval/episodic_return",
+    )
     return {tag: [(s, v) for s, v in scalars(run, tag) if s > step] for tag in tags}
 
 
@@ -495,23 +750,35 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, restore_signals,
     same networks, optimizer moments, targets, replay, priorities, windows and generator states, and
     logs the same metrics after step 100, as the run that never stopped."""
     whole, resumed, mid = tmp_path / "whole", tmp_path / "resumed", tmp_path / "step100.pt"
-    run_with_checkpoint_copy(monkeypatch, d4pg.Args(run_dir=str(whole), prioritized=prioritized, **LINE), 100, mid)
+    run_with_checkpoint_copy(
+        monkeypatch, d4pg.Args(run_dir=str(whole), prioritized=prioritized, **LINE), 100, mid
+    )
     assert load(mid)["num_updates"] > 0 and load(mid)["windows"]["count"].tolist() == [0, 0]
     d4pg.train(d4pg.Args(run_dir=str(resumed), resume=str(mid), prioritized=prioritized, **LINE))
     a, b = load(whole / "checkpoints" / "latest.pt"), load(resumed / "checkpoints" / "latest.pt")
     for key in ("actor", "critic", "actor_target", "critic_target", "buffer", "windows"):
         for name in a[key]:
-            torch.testing.assert_close(b[key][name], a[key][name], rtol=0, atol=0, msg=f"{key}.{name}")
+            torch.testing.assert_close(
+                b[key][name], a[key][name], rtol=0, atol=0, msg=f"{key}.{name}"
+            )
     if prioritized:
         assert a["buffer"]["priorities"].std() > 0
     for key in ("actor_optim", "critic_optim"):
         for i, moments in a[key]["state"].items():
             for name, value in moments.items():
                 torch.testing.assert_close(b[key]["state"][i][name], value, rtol=0, atol=0)
-    assert (a["num_updates"], a["updates_due"], a["rng"]["numpy"]) == (b["num_updates"], b["updates_due"], b["rng"]["numpy"])
+    assert (a["num_updates"], a["updates_due"], a["rng"]["numpy"]) == (
+        b["num_updates"],
+        b["updates_due"],
+        b["rng"]["numpy"],
+    )
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
     logged = after(whole, 100)
-    assert logged["losses/critic_loss"] and logged["charts/episodic_return"] and logged["eval/episodic_return"]
+    assert (
+        logged["losses/critic_loss"]
+        and logged["charts/episodic_return"]
+        and logged["eval/episodic_return"]
+    )
     assert after(resumed, 100) == logged
 
 
@@ -521,7 +788,9 @@ def test_resume_equivalence_detects_an_unrestored_generator(tmp_path, monkeypatc
     whole, resumed, mid = tmp_path / "whole", tmp_path / "resumed", tmp_path / "step100.pt"
     run_with_checkpoint_copy(monkeypatch, d4pg.Args(run_dir=str(whole), **LINE), 100, mid)
     real_set = d4pg.set_rng_state
-    monkeypatch.setattr(d4pg, "set_rng_state", lambda state, **gens: real_set(state, torch=gens["torch"]))
+    monkeypatch.setattr(
+        d4pg, "set_rng_state", lambda state, **gens: real_set(state, torch=gens["torch"])
+    )
     d4pg.train(d4pg.Args(run_dir=str(resumed), resume=str(mid), **LINE))
     a, b = load(whole / "checkpoints" / "latest.pt"), load(resumed / "checkpoints" / "latest.pt")
     assert not torch.equal(a["actor"]["head.weight"], b["actor"]["head.weight"])
@@ -532,25 +801,71 @@ def test_resume_equivalence_detects_an_unrestored_generator(tmp_path, monkeypatc
 def test_same_seed_same_run_other_seed_other_run(tmp_path, restore_signals):
     runs = {}
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        d4pg.train(d4pg.Args(seed=seed, total_steps=400, prioritized=True, num_envs=2, run_dir=str(tmp_path / name), **SMALL))
+        d4pg.train(
+            d4pg.Args(
+                seed=seed,
+                total_steps=400,
+                prioritized=True,
+                num_envs=2,
+                run_dir=str(tmp_path / name),
+                **SMALL,
+            )
+        )
         ckpt = load(tmp_path / name / "checkpoints" / "latest.pt")
-        runs[name] = (scalars(tmp_path / name, "losses/critic_loss"), summary(tmp_path / name)["eval_returns"],
-                      ckpt["buffer"]["priorities"], ckpt["actor"]["head.weight"])
-    (loss_a, eval_a, prio_a, w_a), (loss_b, eval_b, prio_b, w_b), (loss_c, eval_c, prio_c, w_c) = runs.values()
-    assert loss_a and loss_a == loss_b and eval_a == eval_b and torch.equal(prio_a, prio_b) and torch.equal(w_a, w_b)
-    assert len(prio_a) == 400 and prio_a.std() > 0  # both envs' second episode ends at step 400: nothing pending
+        runs[name] = (
+            scalars(tmp_path / name, "losses/critic_loss"),
+            summary(tmp_path / name)["eval_returns"],
+            ckpt["buffer"]["priorities"],
+            ckpt["actor"]["head.weight"],
+        )
+    (loss_a, eval_a, prio_a, w_a), (loss_b, eval_b, prio_b, w_b), (loss_c, eval_c, prio_c, w_c) = (
+        runs.values()
+    )
+    assert (
+        loss_a
+        and loss_a == loss_b
+        and eval_a == eval_b
+        and torch.equal(prio_a, prio_b)
+        and torch.equal(w_a, w_b)
+    )
+    assert (
+        len(prio_a) == 400 and prio_a.std() > 0
+    )  # both envs' second episode ends at step 400: nothing pending
     # the seed matters, so the equalities above mean something
-    assert loss_a != loss_c and eval_a != eval_c and not torch.equal(prio_a, prio_c) and not torch.equal(w_a, w_c)
+    assert (
+        loss_a != loss_c
+        and eval_a != eval_c
+        and not torch.equal(prio_a, prio_c)
+        and not torch.equal(w_a, w_c)
+    )
 
 
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(ALGOS / "d4pg.py"), *TINY, "--total-steps", "1000000",
-                             "--checkpoint-interval", "100", "--run-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ALGOS / "d4pg.py"),
+            *TINY,
+            "--total-steps",
+            "1000000",
+            "--checkpoint-interval",
+            "100",
+            "--run-dir",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.time() + 120
-    while not (run / "checkpoints" / "latest.pt").exists() and time.time() < deadline and proc.poll() is None:
+    while (
+        not (run / "checkpoints" / "latest.pt").exists()
+        and time.time() < deadline
+        and proc.poll() is None
+    ):
         time.sleep(0.2)  # the loop is running once the first periodic checkpoint exists
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -569,33 +884,55 @@ def test_in_process_run_sps_wandb_and_eval_only(tmp_path, fake_wandb, restore_si
     # sps counts the training loop only: the startup and the final evaluation are in wall_time_s
     assert s["sps"] * s["wall_time_s"] > s["global_step"] == 300
     assert [step for step, _ in scalars(run, "losses/q_values")] == [200, 300]
-    assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter, finish 0 on success
-    check_eval_only_after_move(run, lambda ckpt: d4pg.train(d4pg.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)), seed=3)
+    assert fake_wandb.calls == [
+        ("init", []),
+        ("finish", 0),
+    ]  # init before the SummaryWriter, finish 0 on success
+    check_eval_only_after_move(
+        run,
+        lambda ckpt: d4pg.train(d4pg.Args(eval_only=True, checkpoint=ckpt, eval_episodes=1)),
+        seed=3,
+    )
 
 
-def test_signal_skips_due_evaluation_and_saves_at_once(tmp_path, fake_wandb, restore_signals, monkeypatch):
+def test_signal_skips_due_evaluation_and_saves_at_once(
+    tmp_path, fake_wandb, restore_signals, monkeypatch
+):
     """A SIGTERM during the env step that reaches step 100, where an evaluation is due: no evaluation
     (periodic or final), no summary, the checkpoint holds step 100, a second Ctrl-C would kill at
     once, and the W&B run is finished with exit code 0."""
     real_eval, evals = d4pg.evaluate, []
-    final_then_signal, steps = sigterm_on_call(100, d4pg.final_observations)  # called once per vector step
+    final_then_signal, steps = sigterm_on_call(
+        100, d4pg.final_observations
+    )  # called once per vector step
     monkeypatch.setattr(d4pg, "final_observations", final_then_signal)
     monkeypatch.setattr(d4pg, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
     run = tmp_path / "run"
-    d4pg.train(d4pg.Args(total_steps=1000, track=True, run_dir=str(run), **{**SMALL, "eval_interval": 100}))
+    d4pg.train(
+        d4pg.Args(total_steps=1000, track=True, run_dir=str(run), **{**SMALL, "eval_interval": 100})
+    )
     assert len(steps) == 100 and evals == [] and not (run / "summary.json").exists()
     assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
     assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
     assert fake_wandb.calls[-1] == ("finish", 0)
 
 
-def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, fake_wandb, restore_signals, monkeypatch):
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(
+    tmp_path, fake_wandb, restore_signals, monkeypatch
+):
     """A NaN target from the first update (step 150) stops training there in one line; the checkpoint
     of step 100 stays as it was, no summary.json is written, and W&B is told the run failed."""
     real_projection = d4pg.categorical_projection
-    monkeypatch.setattr(d4pg, "categorical_projection", lambda *a: real_projection(*a) * float("nan"))
+    monkeypatch.setattr(
+        d4pg, "categorical_projection", lambda *a: real_projection(*a) * float("nan")
+    )
     run = tmp_path / "run"
-    message = error_of(total_steps=300, track=True, run_dir=str(run), **{**SMALL, "learning_starts": 150, "checkpoint_interval": 100})
+    message = error_of(
+        total_steps=300,
+        track=True,
+        run_dir=str(run),
+        **{**SMALL, "learning_starts": 150, "checkpoint_interval": 100},
+    )
     assert "non-finite loss at step 150" in message
     assert load(run / "checkpoints" / "latest.pt")["global_step"] == 100
     assert not (run / "summary.json").exists()

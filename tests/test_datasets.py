@@ -9,22 +9,21 @@ harness; each bad checkpoint is refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import importlib.util
-import json
 
 import gymnasium as gym
 import minari
 import numpy as np
 import pytest
 import torch
+from conftest import ALGOS, ROOT, check_ok, run_script
 
 from benchmark import datasets as maker
-from conftest import ALGOS, ROOT, check_ok, run_script
 
 
 def episode_returns(env_id: str, controller, episodes: int) -> list[float]:
@@ -37,13 +36,17 @@ def episode_returns(env_id: str, controller, episodes: int) -> list[float]:
         while not done:
             u = controller(obs)
             low, high = env.action_space.low, env.action_space.high
-            obs, r, terminated, truncated, _ = env.step((low + 0.5 * (u + 1) * (high - low)).astype(np.float32))
+            obs, r, terminated, truncated, _ = env.step(
+                (low + 0.5 * (u + 1) * (high - low)).astype(np.float32)
+            )
             total, done = total + float(r), terminated or truncated
         returns.append(total)
     return returns
 
 
-@pytest.mark.parametrize("env_id, expert", [("MountainCarContinuous-v0", 90.0), ("Pendulum-v1", -200.0)])
+@pytest.mark.parametrize(
+    "env_id, expert", [("MountainCarContinuous-v0", 90.0), ("Pendulum-v1", -200.0)]
+)
 def test_controllers_are_experts(env_id, expert):
     """MountainCarContinuous is solved at 90; Pendulum's tuned SAC/TD3 average about -150."""
     returns = episode_returns(env_id, maker.CONTROLLERS[env_id], 10)
@@ -53,8 +56,15 @@ def test_controllers_are_experts(env_id, expert):
 
 
 def make(tmp_path, **kwargs) -> minari.MinariDataset:
-    args = maker.Args(**{"env_id": "MountainCarContinuous-v0", "dataset_id": "mc/expert-v0", "episodes": 2,
-                         "root": tmp_path, **kwargs})
+    args = maker.Args(
+        **{
+            "env_id": "MountainCarContinuous-v0",
+            "dataset_id": "mc/expert-v0",
+            "episodes": 2,
+            "root": tmp_path,
+            **kwargs,
+        }
+    )
     folder = maker.make_dataset(args)
     return minari.MinariDataset(folder / "data")
 
@@ -68,7 +78,9 @@ def test_dataset_holds_the_recorded_episodes(tmp_path, monkeypatch):
     for ep, expected in zip(dataset.iterate_episodes(), returns):
         assert len(ep.observations) == len(ep.actions) + 1
         assert ep.rewards.sum() == pytest.approx(expected)
-        assert ep.terminations.tolist() == [False] * (len(ep.actions) - 1) + [True]  # reached the flag
+        assert ep.terminations.tolist() == [False] * (len(ep.actions) - 1) + [
+            True
+        ]  # reached the flag
         assert not ep.truncations.any()
         assert np.all(np.abs(ep.actions) == 0.5)
     assert not list(tmp_path.glob(".staging-*"))
@@ -94,21 +106,34 @@ def test_rerun_same_recipe_is_up_to_date_other_recipe_refused(tmp_path, capsys, 
     before = data_file.stat().st_mtime_ns
     make(tmp_path)
     assert "up to date" in capsys.readouterr().out and data_file.stat().st_mtime_ns == before
-    with pytest.raises(SystemExit, match="exists, made by benchmark.datasets mountain_car_energy_pumping episodes=2 "
-                                         "noise=0.0 seed=0; pass --overwrite"):
+    with pytest.raises(
+        SystemExit,
+        match="exists, made by benchmark.datasets mountain_car_energy_pumping episodes=2 "
+        "noise=0.0 seed=0; pass --overwrite",
+    ):
         make(tmp_path, episodes=3)
     assert make(tmp_path, episodes=3, overwrite=True).total_episodes == 3
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--env-id", "CartPole-v1"], "no scripted controller for 'CartPole-v1'; choose one of MountainCarContinuous-v0, Pendulum-v1, or pass --checkpoint"),
-    (["--episodes", "0"], "--episodes must be at least 1, got 0"),
-    (["--noise", "-0.1"], "--noise must be a finite number >= 0, got -0.1"),
-    (["--noise", "nan"], "--noise must be a finite number >= 0, got nan"),
-    (["--dataset-id", "bad id"], "Malformed dataset ID: bad id"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (
+            ["--env-id", "CartPole-v1"],
+            "no scripted controller for 'CartPole-v1'; choose one of MountainCarContinuous-v0, Pendulum-v1, or pass --checkpoint",
+        ),
+        (["--episodes", "0"], "--episodes must be at least 1, got 0"),
+        (["--noise", "-0.1"], "--noise must be a finite number >= 0, got -0.1"),
+        (["--noise", "nan"], "--noise must be a finite number >= 0, got nan"),
+        (["--dataset-id", "bad id"], "Malformed dataset ID: bad id"),
+    ],
+)
 def test_bad_arguments_one_line(tmp_path, capsys, argv, fragment):
-    base = {"--env-id": "MountainCarContinuous-v0", "--dataset-id": "mc/expert-v0", "--root": str(tmp_path)}
+    base = {
+        "--env-id": "MountainCarContinuous-v0",
+        "--dataset-id": "mc/expert-v0",
+        "--root": str(tmp_path),
+    }
     base.update(dict(zip(argv[::2], argv[1::2])))
     assert maker.main([x for kv in base.items() for x in kv]) == 1
     err = capsys.readouterr().err.strip()
@@ -118,14 +143,34 @@ def test_bad_arguments_one_line(tmp_path, capsys, argv, fragment):
 
 @pytest.mark.slow
 def test_command_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmark.datasets", "--env-id", "MountainCarContinuous-v0",
-                           "--dataset-id", "mc/expert-v0", "--episodes", "1", "--root", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmark.datasets",
+            "--env-id",
+            "MountainCarContinuous-v0",
+            "--dataset-id",
+            "mc/expert-v0",
+            "--episodes",
+            "1",
+            "--root",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"wrote {tmp_path / 'mc/expert-v0'}: 1 episodes, ") and "return 9" in proc.stdout
+    assert (
+        proc.stdout.startswith(f"wrote {tmp_path / 'mc/expert-v0'}: 1 episodes, ")
+        and "return 9" in proc.stdout
+    )
 
 
 # ---------------------------------------------------------------- checkpoints as the source policy
+
 
 def load_algo(name: str):
     """An algorithm file as a module of its own (not the maker's copy)."""
@@ -137,7 +182,9 @@ def load_algo(name: str):
 
 
 def returns_of(folder: Path) -> list[float]:
-    return [float(ep.rewards.sum()) for ep in minari.MinariDataset(folder / "data").iterate_episodes()]
+    return [
+        float(ep.rewards.sum()) for ep in minari.MinariDataset(folder / "data").iterate_episodes()
+    ]
 
 
 def recipe_of(folder: Path) -> str:
@@ -148,45 +195,124 @@ def recipe_of(folder: Path) -> str:
 def d4pg_run(tmp_path_factory) -> Path:
     """A real d4pg.py run of 400 Pendulum steps, seed 2, its final evaluation over 2 episodes."""
     cwd = tmp_path_factory.mktemp("d4pg")
-    check_ok(run_script("d4pg.py", "--env-id", "Pendulum-v1", "--seed", "2", "--total-steps", "400",
-                        "--learning-starts", "200", "--batch-size", "32", "--hidden-size", "32", "--buffer-size", "5000",
-                        "--eval-episodes", "2", "--eval-interval", "0", "--run-dir", "run", cwd=cwd))
+    check_ok(
+        run_script(
+            "d4pg.py",
+            "--env-id",
+            "Pendulum-v1",
+            "--seed",
+            "2",
+            "--total-steps",
+            "400",
+            "--learning-starts",
+            "200",
+            "--batch-size",
+            "32",
+            "--hidden-size",
+            "32",
+            "--buffer-size",
+            "5000",
+            "--eval-episodes",
+            "2",
+            "--eval-interval",
+            "0",
+            "--run-dir",
+            "run",
+            cwd=cwd,
+        )
+    )
     return cwd / "run"
 
 
 @pytest.mark.slow
-def test_d4pg_checkpoint_dataset_replays_its_policy_and_trains_rlpd(d4pg_run, tmp_path, monkeypatch):
+def test_d4pg_checkpoint_dataset_replays_its_policy_and_trains_rlpd(
+    d4pg_run, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     ckpt = d4pg_run / "checkpoints" / "latest.pt"
     # Episode i starts from reset(seed + i); d4pg.py's evaluation from reset(run seed + 10,000 + i): same starts,
     # so without noise the episodes return exactly what d4pg.py's own final evaluation returned.
-    args = maker.Args(env_id="Pendulum-v1", dataset_id="pend/d4pg-v0", episodes=2, seed=10_002, root=Path("data"),
-                      checkpoint=ckpt)
+    args = maker.Args(
+        env_id="Pendulum-v1",
+        dataset_id="pend/d4pg-v0",
+        episodes=2,
+        seed=10_002,
+        root=Path("data"),
+        checkpoint=ckpt,
+    )
     folder = maker.make_dataset(args)
-    assert returns_of(folder) == pytest.approx(json.loads((d4pg_run / "summary.json").read_text())["eval_returns"],
-                                               rel=1e-4)
-    assert recipe_of(folder) == f"benchmark.datasets checkpoint d4pg.py {ckpt} step=400 episodes=2 noise=0.0 seed=10002"
+    assert returns_of(folder) == pytest.approx(
+        json.loads((d4pg_run / "summary.json").read_text())["eval_returns"], rel=1e-4
+    )
+    assert (
+        recipe_of(folder)
+        == f"benchmark.datasets checkpoint d4pg.py {ckpt} step=400 episodes=2 noise=0.0 seed=10002"
+    )
     made = (folder / "data" / "main_data.hdf5").stat().st_mtime_ns
-    assert maker.make_dataset(args) == folder and (folder / "data" / "main_data.hdf5").stat().st_mtime_ns == made
-    noisy = maker.make_dataset(maker.Args(**{**vars(args), "dataset_id": "pend/d4pg-noisy-v0", "noise": 0.5}))
+    assert (
+        maker.make_dataset(args) == folder
+        and (folder / "data" / "main_data.hdf5").stat().st_mtime_ns == made
+    )
+    noisy = maker.make_dataset(
+        maker.Args(**{**vars(args), "dataset_id": "pend/d4pg-noisy-v0", "noise": 0.5})
+    )
     assert returns_of(noisy) != pytest.approx(returns_of(folder), rel=1e-4)
 
     # rlpd.py reads it through --dataset-path and keeps it in its checkpoint (400 transitions, as recorded).
-    check_ok(run_script("rlpd.py", "--env-id", "Pendulum-v1", "--seed", "4", "--dataset-path", str(folder),
-                        "--total-steps", "150", "--learning-starts", "100", "--utd-ratio", "2", "--hidden-dim", "16",
-                        "--batch-size", "16", "--eval-episodes", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
-                        "--run-dir", "rlpd", cwd=tmp_path))
+    check_ok(
+        run_script(
+            "rlpd.py",
+            "--env-id",
+            "Pendulum-v1",
+            "--seed",
+            "4",
+            "--dataset-path",
+            str(folder),
+            "--total-steps",
+            "150",
+            "--learning-starts",
+            "100",
+            "--utd-ratio",
+            "2",
+            "--hidden-dim",
+            "16",
+            "--batch-size",
+            "16",
+            "--eval-episodes",
+            "1",
+            "--eval-interval",
+            "0",
+            "--checkpoint-interval",
+            "0",
+            "--run-dir",
+            "rlpd",
+            cwd=tmp_path,
+        )
+    )
     rlpd_ckpt = torch.load(tmp_path / "rlpd/checkpoints/latest.pt", weights_only=True)
     assert rlpd_ckpt["offline_data"]["size"] == 400
-    recorded = np.concatenate([ep.rewards for ep in minari.MinariDataset(folder / "data").iterate_episodes()])
+    recorded = np.concatenate(
+        [ep.rewards for ep in minari.MinariDataset(folder / "data").iterate_episodes()]
+    )
     np.testing.assert_allclose(rlpd_ckpt["offline_data"]["rewards"].numpy(), recorded, rtol=1e-6)
 
     # rlpd.py's checkpoint is a source in turn: tanh of its actor's mean, as its own evaluation.
-    again = maker.make_dataset(maker.Args(env_id="Pendulum-v1", dataset_id="pend/rlpd-v0", episodes=1, seed=10_004,
-                                          root=Path("data"), checkpoint=Path("rlpd/checkpoints/latest.pt")))
-    assert returns_of(again) == pytest.approx(json.loads((tmp_path / "rlpd/summary.json").read_text())["eval_returns"],
-                                              rel=1e-4)
-    assert "checkpoint rlpd.py rlpd/checkpoints/latest.pt step=150 " in recipe_of(again)  # relative inside the cwd
+    again = maker.make_dataset(
+        maker.Args(
+            env_id="Pendulum-v1",
+            dataset_id="pend/rlpd-v0",
+            episodes=1,
+            seed=10_004,
+            root=Path("data"),
+            checkpoint=Path("rlpd/checkpoints/latest.pt"),
+        )
+    )
+    assert returns_of(again) == pytest.approx(
+        json.loads((tmp_path / "rlpd/summary.json").read_text())["eval_returns"], rel=1e-4
+    )
+    assert "checkpoint rlpd.py rlpd/checkpoints/latest.pt step=150 " in recipe_of(
+        again
+    )  # relative inside the cwd
 
 
 @pytest.mark.parametrize("normalize_obs, layer_norm", [(False, False), (True, False), (True, True)])
@@ -199,16 +325,37 @@ def test_naf_checkpoint_dataset_acts_with_mu(tmp_path, normalize_obs, layer_norm
     net = naf.NAFNetwork(3, 1, 16, normalize_obs=normalize_obs, layer_norm=layer_norm)
     net.observe(np.random.default_rng(0).normal([0.5, -0.5, 3.0], [0.1, 0.2, 2.0], size=(50, 3)))
     ckpt = tmp_path / "naf.pt"
-    naf.save_checkpoint(ckpt, naf.Args(env_id="Pendulum-v1", hidden_dim=16, seed=5, normalize_obs=normalize_obs, layer_norm=layer_norm),
-                        7, {"net": net.state_dict()})
-    folder = maker.make_dataset(maker.Args(env_id="Pendulum-v1", dataset_id="pend/naf-v0", episodes=2, seed=10_005,
-                                           root=tmp_path, checkpoint=ckpt))
-    assert returns_of(folder) == pytest.approx(naf.evaluate(net, "Pendulum-v1", 2, 5, "cpu"), rel=1e-4)
+    naf.save_checkpoint(
+        ckpt,
+        naf.Args(
+            env_id="Pendulum-v1",
+            hidden_dim=16,
+            seed=5,
+            normalize_obs=normalize_obs,
+            layer_norm=layer_norm,
+        ),
+        7,
+        {"net": net.state_dict()},
+    )
+    folder = maker.make_dataset(
+        maker.Args(
+            env_id="Pendulum-v1",
+            dataset_id="pend/naf-v0",
+            episodes=2,
+            seed=10_005,
+            root=tmp_path,
+            checkpoint=ckpt,
+        )
+    )
+    assert returns_of(folder) == pytest.approx(
+        naf.evaluate(net, "Pendulum-v1", 2, 5, "cpu"), rel=1e-4
+    )
     assert f"checkpoint naf.py {ckpt} step=7 " in recipe_of(folder)
 
 
 def bad_checkpoints(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     """(extra argv, fragment of the one-line refusal) per case."""
+
     def save(name: str, data) -> str:
         torch.save(data, tmp_path / name)
         return str(tmp_path / name)
@@ -216,37 +363,86 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     header = {"env_id": "Pendulum-v1", "args": {"hidden_dim": 16}, "global_step": 3}
     (tmp_path / "text.pt").write_text("not a checkpoint")
     return {
-        "missing": (["--checkpoint", str(tmp_path / "none.pt")], f"checkpoint {tmp_path / 'none.pt'} does not exist"),
+        "missing": (
+            ["--checkpoint", str(tmp_path / "none.pt")],
+            f"checkpoint {tmp_path / 'none.pt'} does not exist",
+        ),
         "unreadable": (["--checkpoint", str(tmp_path / "text.pt")], "cannot read checkpoint"),
-        "foreign": (["--checkpoint", save("foreign.pt", {"weights": torch.zeros(2)})],
-                    "is not a checkpoint written by a file of algos/"),
-        "other env": (["--checkpoint", save("env.pt", {**header, "algo": "naf"}), "--env-id", "MountainCarContinuous-v0"],
-                      "is for Pendulum-v1, not MountainCarContinuous-v0; pass --env-id Pendulum-v1"),
-        "ppo_atari": (["--checkpoint", save("ppo.pt", {**header, "algo": "ppo_atari"})],
-                      "was written by ppo_atari.py, which has no deterministic continuous-action policy; pass a "
-                      "checkpoint of d4pg.py, naf.py, rlpd.py"),
-        "dqn_atari": (["--checkpoint", save("dqn.pt", {**header, "algo": "dqn_atari"})],
-                      "was written by dqn_atari.py, which has no deterministic continuous-action policy"),
-        "wrong weights": (["--checkpoint", save("weights.pt", {**header, "algo": "naf", "net": {}})],
-                          "does not fit naf.py's networks (Error(s) in loading state_dict for NAFNetwork:"),
-        "no algorithm file": (["--checkpoint", save("nofile.pt", {**header, "algo": "naf", "net": {}}),
-                               "--algos-dir", str(tmp_path)], f"was written by naf.py, which is not in {tmp_path}"),
+        "foreign": (
+            ["--checkpoint", save("foreign.pt", {"weights": torch.zeros(2)})],
+            "is not a checkpoint written by a file of algos/",
+        ),
+        "other env": (
+            [
+                "--checkpoint",
+                save("env.pt", {**header, "algo": "naf"}),
+                "--env-id",
+                "MountainCarContinuous-v0",
+            ],
+            "is for Pendulum-v1, not MountainCarContinuous-v0; pass --env-id Pendulum-v1",
+        ),
+        "ppo_atari": (
+            ["--checkpoint", save("ppo.pt", {**header, "algo": "ppo_atari"})],
+            "was written by ppo_atari.py, which has no deterministic continuous-action policy; pass a "
+            "checkpoint of d4pg.py, naf.py, rlpd.py",
+        ),
+        "dqn_atari": (
+            ["--checkpoint", save("dqn.pt", {**header, "algo": "dqn_atari"})],
+            "was written by dqn_atari.py, which has no deterministic continuous-action policy",
+        ),
+        "wrong weights": (
+            ["--checkpoint", save("weights.pt", {**header, "algo": "naf", "net": {}})],
+            "does not fit naf.py's networks (Error(s) in loading state_dict for NAFNetwork:",
+        ),
+        "no algorithm file": (
+            [
+                "--checkpoint",
+                save("nofile.pt", {**header, "algo": "naf", "net": {}}),
+                "--algos-dir",
+                str(tmp_path),
+            ],
+            f"was written by naf.py, which is not in {tmp_path}",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "unreadable", "foreign", "other env", "ppo_atari", "dqn_atari",
-                                  "wrong weights", "no algorithm file"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "unreadable",
+        "foreign",
+        "other env",
+        "ppo_atari",
+        "dqn_atari",
+        "wrong weights",
+        "no algorithm file",
+    ],
+)
 def test_bad_checkpoint_one_line(tmp_path, capsys, case):
     argv, fragment = bad_checkpoints(tmp_path)[case]
-    base = {"--env-id": "Pendulum-v1", "--dataset-id": "pend/x-v0", "--root": str(tmp_path / "data")}
+    base = {
+        "--env-id": "Pendulum-v1",
+        "--dataset-id": "pend/x-v0",
+        "--root": str(tmp_path / "data"),
+    }
     base.update(dict(zip(argv[::2], argv[1::2])))
     assert maker.main([x for kv in base.items() for x in kv]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("benchmark.datasets: error: ") and fragment in err and "\n" not in err, err
+    assert err.startswith("benchmark.datasets: error: ") and fragment in err and "\n" not in err, (
+        err
+    )
     assert not (tmp_path / "data").exists()
 
 
 def test_checkpoint_replaces_the_missing_controller_in_the_message(tmp_path, capsys):
-    assert maker.main(["--env-id", "HalfCheetah-v5", "--dataset-id", "hc/x-v0", "--root", str(tmp_path)]) == 1
-    assert "no scripted controller for 'HalfCheetah-v5'; choose one of MountainCarContinuous-v0, Pendulum-v1, " \
-           "or pass --checkpoint" in capsys.readouterr().err
+    assert (
+        maker.main(
+            ["--env-id", "HalfCheetah-v5", "--dataset-id", "hc/x-v0", "--root", str(tmp_path)]
+        )
+        == 1
+    )
+    assert (
+        "no scripted controller for 'HalfCheetah-v5'; choose one of MountainCarContinuous-v0, Pendulum-v1, "
+        "or pass --checkpoint" in capsys.readouterr().err
+    )

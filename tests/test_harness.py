@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ALGOS
 
 MARKER = "# ===== run harness"
@@ -29,7 +28,8 @@ COUNTERPART_LINES = {
     "naf.py": 317,  # CleanRL td3_continuous_action.py: naf.py's --twin-q is TD3's clipped double Q (issue 13)
     "recurrent_ppo_atari.py": 375 + 52,  # CleanRL ppo_atari_lstm.py + those wrappers
     # No single-file peer has what these add; the allowance is stated, not hidden:
-    "appo.py": 312 + 120,  # CleanRL ppo.py + actor processes, shared-memory weights, lag and shutdown
+    "appo.py": 312
+    + 120,  # CleanRL ppo.py + actor processes, shared-memory weights, lag and shutdown
     "rlpd.py": 324 + 60,  # CleanRL sac_continuous_action.py + Minari loading and its checks
 }
 FILES = sorted(p.name for p in ALGOS.glob("*.py"))
@@ -39,17 +39,23 @@ def harness_block(path: Path) -> str:
     lines = path.read_text().splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith(MARKER)]
     ends = [i for i, line in enumerate(lines) if line.startswith(MAIN)]
-    assert len(starts) == 1, f"{path.name}: expected one line starting with {MARKER!r}, found {len(starts)}"
+    assert len(starts) == 1, (
+        f"{path.name}: expected one line starting with {MARKER!r}, found {len(starts)}"
+    )
     assert len(ends) == 1, f"{path.name}: expected one {MAIN!r} line, found {len(ends)}"
     assert starts[0] < ends[0], f"{path.name}: the harness must come before {MAIN!r}"
-    return "".join(lines[starts[0]:ends[0]])
+    return "".join(lines[starts[0] : ends[0]])
 
 
 def code_lines_outside(path: Path) -> int:
     text = path.read_text()
     lines = text.splitlines()
     first = ast.parse(text).body[0]
-    doc_end = first.end_lineno if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else 0
+    doc_end = (
+        first.end_lineno
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+        else 0
+    )
     start = next(i for i, line in enumerate(lines) if line.startswith(MARKER))
     end = next(i for i, line in enumerate(lines) if line.startswith(MAIN))
     body = lines[doc_end:start] + lines[end:]
@@ -62,7 +68,8 @@ def test_every_algorithm_file_has_the_same_harness():
     reference_name = FILES[0]
     for name, block in blocks.items():
         assert block == blocks[reference_name], (
-            f"the run harness of {name} differs from {reference_name}'s; change it in one file and copy it to the others")
+            f"the run harness of {name} differs from {reference_name}'s; change it in one file and copy it to the others"
+        )
 
 
 def test_the_comparison_detects_a_one_character_change(tmp_path):
@@ -80,7 +87,9 @@ def test_harness_is_under_220_lines():
 @pytest.mark.parametrize("name", sorted(COUNTERPART_LINES))
 def test_algorithm_code_stays_within_budget(name):
     budget = int(COUNTERPART_LINES[name] * 1.15)
-    assert code_lines_outside(ALGOS / name) <= budget, f"{name}: more code lines outside the harness than {budget}"
+    assert code_lines_outside(ALGOS / name) <= budget, (
+        f"{name}: more code lines outside the harness than {budget}"
+    )
 
 
 def test_main_guard_is_the_last_statement():
@@ -108,7 +117,9 @@ print("torch never imported")
 
 def omp_wait_policy_when_torch_loads(path: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    proc = subprocess.run([sys.executable, "-c", SPY, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SPY, str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip().splitlines()[-1]
 

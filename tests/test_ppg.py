@@ -21,20 +21,50 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
-from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
-                      sigterm_on_call, summary)
+from conftest import (
+    ALGOS,
+    check_error,
+    check_eval_only_after_move,
+    check_ok,
+    copy_alone,
+    run_script,
+    scalars,
+    sigterm_on_call,
+    summary,
+)
 
 spec = importlib.util.spec_from_file_location("ppg", ALGOS / "ppg.py")
 ppg = importlib.util.module_from_spec(spec)
 sys.modules["ppg"] = ppg  # dataclasses look the module up while the file executes
 spec.loader.exec_module(ppg)
 
-TINY_ARGS = dict(num_envs=4, num_steps=16, num_minibatches=2, n_pi=3, e_pi=2, e_v=2, e_aux=2, aux_num_minibatches=4,
-                 eval_episodes=2, hidden_dim=16)
-TINY = [f"--{k.replace('_', '-')}={v}" for k, v in TINY_ARGS.items()]  # the same, for the command line
-LOSS_TAGS = ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/explained_variance",
-             "losses/aux/kl", "losses/aux/aux_value", "losses/aux/value", "charts/learning_rate", "charts/episodic_return"]
+TINY_ARGS = dict(
+    num_envs=4,
+    num_steps=16,
+    num_minibatches=2,
+    n_pi=3,
+    e_pi=2,
+    e_v=2,
+    e_aux=2,
+    aux_num_minibatches=4,
+    eval_episodes=2,
+    hidden_dim=16,
+)
+TINY = [
+    f"--{k.replace('_', '-')}={v}" for k, v in TINY_ARGS.items()
+]  # the same, for the command line
+LOSS_TAGS = [
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/explained_variance",
+    "losses/aux/kl",
+    "losses/aux/aux_value",
+    "losses/aux/value",
+    "charts/learning_rate",
+    "charts/episodic_return",
+]
 
 
 def run(run_dir, **kwargs):
@@ -61,13 +91,15 @@ def test_gae_truncation_termination_and_autoreset_step():
     g, lam = 0.9, 0.8
     # t0 ordinary, t1 truncated, t2 the autoreset step (not a transition), t3 ordinary, t4 terminated.
     r = torch.tensor([1.0, 2.0, 0.0, 3.0, 4.0]).unsqueeze(1)
-    v = torch.tensor([0.5, 0.7, 0.9, 1.1, 1.3]).unsqueeze(1)  # v[2] = V(real final obs of episode 1)
+    v = torch.tensor([0.5, 0.7, 0.9, 1.1, 1.3]).unsqueeze(
+        1
+    )  # v[2] = V(real final obs of episode 1)
     term = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0]).unsqueeze(1)
     done = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0]).unsqueeze(1)
     A = ppg.gae(r, v, torch.tensor([5.0]), term, done, g, lam)[:, 0]
-    a4 = 4.0 - 1.3                                   # termination: no bootstrap
+    a4 = 4.0 - 1.3  # termination: no bootstrap
     a3 = 3.0 + g * 1.3 - 1.1 + g * lam * a4
-    a1 = 2.0 + g * 0.9 - 0.7                         # truncation: bootstrap V(final obs), trace cut
+    a1 = 2.0 + g * 0.9 - 0.7  # truncation: bootstrap V(final obs), trace cut
     a0 = 1.0 + g * 0.7 - 0.5 + g * lam * a1
     for t, expected in [(0, a0), (1, a1), (3, a3), (4, a4)]:
         assert A[t].item() == pytest.approx(expected, abs=1e-6)
@@ -118,11 +150,15 @@ def test_gradient_clipping_keeps_policy_and_value_apart():
     agent = make_agent("dual")
     for name, p in agent.named_parameters():  # value side gets a huge gradient
         p.grad = torch.full_like(p, 1000.0 if name.startswith("v_") else 1e-3)
-    policy_before = {n: p.grad.clone() for n, p in agent.named_parameters() if not n.startswith("v_")}
+    policy_before = {
+        n: p.grad.clone() for n, p in agent.named_parameters() if not n.startswith("v_")
+    }
     ppg.clip_grads(agent, 0.5)
     for n, g in policy_before.items():  # small policy gradient untouched
         assert torch.equal(dict(agent.named_parameters())[n].grad, g)
-    value_norm = torch.stack([p.grad.norm() for n, p in agent.named_parameters() if n.startswith("v_")]).norm()
+    value_norm = torch.stack(
+        [p.grad.norm() for n, p in agent.named_parameters() if n.startswith("v_")]
+    ).norm()
     assert value_norm.item() == pytest.approx(0.5, rel=1e-4)
 
 
@@ -144,13 +180,22 @@ def test_kl_distillation_is_zero_when_policy_matches_pi_old():
     # ... while a different pi_old gives a non-zero gradient (the check can fail).
     agent.zero_grad()
     logits, value, aux = agent(obs)
-    ppg.aux_losses(logits, value, aux, logits_old + torch.randn_like(logits_old), torch.zeros(64), torch.ones(64))[0].backward()
+    ppg.aux_losses(
+        logits,
+        value,
+        aux,
+        logits_old + torch.randn_like(logits_old),
+        torch.zeros(64),
+        torch.ones(64),
+    )[0].backward()
     assert agent.pi_head.weight.grad.abs().max().item() > 1e-4
 
 
 def test_categorical_kl_matches_torch():
     a, b = torch.randn(10, 5), torch.randn(10, 5)
-    ref = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=a), torch.distributions.Categorical(logits=b))
+    ref = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(logits=a), torch.distributions.Categorical(logits=b)
+    )
     assert torch.allclose(ppg.categorical_kl(a, b), ref, atol=1e-6)
 
 
@@ -191,19 +236,35 @@ def grad_groups(agent, loss):
     return groups
 
 
-@pytest.mark.parametrize("arch, value_groups", [
-    ("dual", {"v_body", "v_head"}),   # separate value network
-    ("detach", {"v_head"}),           # reference `detach`: the value gradient stops at the trunk
-    ("shared", {"pi_body", "v_head"}),  # reference `shared`: the value loss trains the trunk too
-])
+@pytest.mark.parametrize(
+    "arch, value_groups",
+    [
+        ("dual", {"v_body", "v_head"}),  # separate value network
+        ("detach", {"v_head"}),  # reference `detach`: the value gradient stops at the trunk
+        (
+            "shared",
+            {"pi_body", "v_head"},
+        ),  # reference `shared`: the value loss trains the trunk too
+    ],
+)
 def test_each_loss_trains_only_its_parameters(arch, value_groups):
     agent = make_agent(arch)
     obs = torch.randn(32, 4)
     ones = torch.ones(32)
     logits, value, aux = agent(obs)
-    pg, v_loss, entropy, _, _ = ppg.ppo_losses(logits, value, torch.randint(0, 3, (32,)), torch.full((32,), -1.1),
-                                                torch.randn(32), torch.randn(32), ones, 0.2)
-    kl, aux_v, v_aux_phase = ppg.aux_losses(logits, value, aux, torch.randn(32, 3), torch.randn(32), ones)
+    pg, v_loss, entropy, _, _ = ppg.ppo_losses(
+        logits,
+        value,
+        torch.randint(0, 3, (32,)),
+        torch.full((32,), -1.1),
+        torch.randn(32),
+        torch.randn(32),
+        ones,
+        0.2,
+    )
+    kl, aux_v, v_aux_phase = ppg.aux_losses(
+        logits, value, aux, torch.randn(32, 3), torch.randn(32), ones
+    )
     policy = {"pi_body", "pi_head"}
     assert grad_groups(agent, pg) == policy
     assert grad_groups(agent, entropy) == policy
@@ -216,8 +277,14 @@ def test_each_loss_trains_only_its_parameters(arch, value_groups):
 def test_policy_phase_trains_policy_for_e_pi_epochs_only():
     torch.manual_seed(1)
     n = 64
-    batch = {"obs": torch.randn(n, 4), "actions": torch.randint(0, 3, (n,)), "logprobs": torch.full((n,), -1.1),
-             "advantages": torch.randn(n), "returns": torch.randn(n), "valid": torch.ones(n)}
+    batch = {
+        "obs": torch.randn(n, 4),
+        "actions": torch.randint(0, 3, (n,)),
+        "logprobs": torch.full((n,), -1.1),
+        "advantages": torch.randn(n),
+        "returns": torch.randn(n),
+        "valid": torch.ones(n),
+    }
     results = []
     for e_v in (1, 3):
         agent = make_agent("dual")
@@ -264,11 +331,18 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
     T, N, gamma, lam = 9, 3, 0.9, 0.8
     envs = ppg.make_envs("PpgCounter-v0", N)
     torch.manual_seed(0)
-    carry = {"obs": torch.as_tensor(envs.reset(seed=3)[0]), "autoreset": np.zeros(N, bool),
-             "ep_return": np.zeros(N), "ep_length": np.zeros(N, dtype=np.int64)}
+    carry = {
+        "obs": torch.as_tensor(envs.reset(seed=3)[0]),
+        "autoreset": np.zeros(N, bool),
+        "ep_return": np.zeros(N),
+        "ep_length": np.zeros(N, dtype=np.int64),
+    }
     agent, ends = CountingValue(), {"terminated": 0, "truncated": 0}
     for _ in range(3):  # episodes cross rollout boundaries: carry holds the running episode
-        buf = {k: torch.zeros(T, N) for k in ("logprobs", "rewards", "values", "terminated", "dones", "valid")}
+        buf = {
+            k: torch.zeros(T, N)
+            for k in ("logprobs", "rewards", "values", "terminated", "dones", "valid")
+        }
         buf.update(obs=torch.zeros(T, N, 2), actions=torch.zeros(T, N, dtype=torch.long))
         episodes = ppg.rollout(envs, agent, buf, carry)
         obs = torch.cat([buf["obs"], carry["obs"].unsqueeze(0)])  # obs[t + 1]: what step t returned
@@ -277,25 +351,46 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
         final = (t_now == L) | (t_now == 4)
         assert torch.equal(buf["valid"], (~final).float())
         assert torch.all(buf["rewards"][final] == 0) and torch.all(buf["dones"][final] == 0)
-        A = ppg.gae(buf["rewards"], buf["values"], agent(carry["obs"])[1], buf["terminated"], buf["dones"], gamma, lam)
+        A = ppg.gae(
+            buf["rewards"],
+            buf["values"],
+            agent(carry["obs"])[1],
+            buf["terminated"],
+            buf["dones"],
+            gamma,
+            lam,
+        )
         for t in range(T):
             for i in range(N):
                 if not buf["dones"][t, i]:
                     continue
-                s, s_next = obs[t, i], obs[t + 1, i]  # s_next: the real final observation, not a reset one
-                assert s_next[0] == s[0] + 1 and s_next[1] == s[1] and buf["rewards"][t, i] == s_next[0]
+                s, s_next = (
+                    obs[t, i],
+                    obs[t + 1, i],
+                )  # s_next: the real final observation, not a reset one
+                assert (
+                    s_next[0] == s[0] + 1
+                    and s_next[1] == s[1]
+                    and buf["rewards"][t, i] == s_next[0]
+                )
                 if buf["terminated"][t, i]:
                     assert s_next[0] == s_next[1]
-                    assert A[t, i].item() == pytest.approx(float(s_next[0] - (100 * s[0] + s[1])), rel=1e-6)
+                    assert A[t, i].item() == pytest.approx(
+                        float(s_next[0] - (100 * s[0] + s[1])), rel=1e-6
+                    )
                     ends["terminated"] += 1
                 else:
                     assert s_next[0] == 4 and s_next[1] == 5
                     bootstrap = gamma * (100 * s_next[0] + s_next[1])
-                    assert A[t, i].item() == pytest.approx(float(s_next[0] + bootstrap - (100 * s[0] + s[1])), rel=1e-6)
+                    assert A[t, i].item() == pytest.approx(
+                        float(s_next[0] + bootstrap - (100 * s[0] + s[1])), rel=1e-6
+                    )
                     ends["truncated"] += 1
         for _, ret, length in episodes:  # an episode of n steps returns 1 + ... + n
             assert ret == length * (length + 1) / 2 and 2 <= length <= 4
-        batch, _ = ppg.make_batch(buf, agent(carry["obs"])[1], {}, ppg.Args(gamma=gamma, gae_lambda=lam))
+        batch, _ = ppg.make_batch(
+            buf, agent(carry["obs"])[1], {}, ppg.Args(gamma=gamma, gae_lambda=lam)
+        )
         w = batch["valid"].bool()
         assert torch.equal(batch["returns"], (A + buf["values"]).flatten())  # V_targ = A_hat + V
         assert batch["advantages"][w].mean().abs() < 1e-5  # normalised over the valid samples only
@@ -307,16 +402,53 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
 # ------------------------------------------------------------ end to end
 @pytest.mark.slow
 def test_tiny_run_outputs_checkpoint_and_eval_only(tmp_run):
-    check_ok(run_script("ppg.py", "--total-steps", "640", "--eval-interval", "320", "--run-dir", str(tmp_run), *TINY))
+    check_ok(
+        run_script(
+            "ppg.py",
+            "--total-steps",
+            "640",
+            "--eval-interval",
+            "320",
+            "--run-dir",
+            str(tmp_run),
+            *TINY,
+        )
+    )
     s = summary(tmp_run)
-    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
-                "eval_returns", "wall_time_s", "sps", "peak_rss_mb", "aux_phase_time_fraction"):
+    for key in (
+        "script",
+        "algo",
+        "env_id",
+        "seed",
+        "global_step",
+        "eval_mean",
+        "eval_std",
+        "eval_episodes",
+        "eval_returns",
+        "wall_time_s",
+        "sps",
+        "peak_rss_mb",
+        "aux_phase_time_fraction",
+    ):
         assert key in s, key
-    assert (s["script"], s["global_step"], s["eval_episodes"], s["arch"]) == ("ppg.py", 640, 2, "dual")
+    assert (s["script"], s["global_step"], s["eval_episodes"], s["arch"]) == (
+        "ppg.py",
+        640,
+        2,
+        "dual",
+    )
     assert s["aux_phases"] == 3  # 10 iterations, N_pi 3
     assert json.loads((tmp_run / "config.json").read_text())["n_pi"] == 3
-    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                "losses/policy_loss", "losses/value_loss", "losses/entropy", "charts/aux_phase_time_fraction"):
+    for tag in (
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "charts/aux_phase_time_fraction",
+    ):
         assert scalars(tmp_run, tag), tag
     assert [step for step, _ in scalars(tmp_run, "losses/aux/kl")] == [192, 384, 576]
     assert [step for step, _ in scalars(tmp_run, "eval/episodic_return")] == [320, 640]
@@ -324,15 +456,34 @@ def test_tiny_run_outputs_checkpoint_and_eval_only(tmp_run):
     assert ckpt["algo"] == "ppg" and ckpt["global_step"] == 640 and ckpt["phase_iteration"] == 1
     assert ckpt["aux_obs"].shape == (1, 64, 4) and ckpt["anneal_steps"] == 640
     # The default Adam eps is 1e-5, a documented deviation from the reference's 1e-8 (deviation g).
-    assert ckpt["optimizer"]["param_groups"][0]["eps"] == ckpt["aux_optimizer"]["param_groups"][0]["eps"] == 1e-5
+    assert (
+        ckpt["optimizer"]["param_groups"][0]["eps"]
+        == ckpt["aux_optimizer"]["param_groups"][0]["eps"]
+        == 1e-5
+    )
     assert set(ckpt["rng"]) == {"torch"}  # the only generator drawn from (CUDA's joins it on a GPU)
 
     # --seed and --env-id are the checkpoint's, so this repeats the run's own final evaluation.
-    proc = run_script("ppg.py", "--eval-only", "--checkpoint", str(tmp_run / "checkpoints" / "latest.pt"),
-                      "--eval-episodes", "1", "--capture-video", "--seed", "7", "--env-id", "Acrobot-v1")
+    proc = run_script(
+        "ppg.py",
+        "--eval-only",
+        "--checkpoint",
+        str(tmp_run / "checkpoints" / "latest.pt"),
+        "--eval-episodes",
+        "1",
+        "--capture-video",
+        "--seed",
+        "7",
+        "--env-id",
+        "Acrobot-v1",
+    )
     check_ok(proc)
     result = json.loads((tmp_run / "eval.json").read_text())
-    assert result["eval_episodes"] == 1 and result["global_step"] == 640 and result["env_id"] == "CartPole-v1"
+    assert (
+        result["eval_episodes"] == 1
+        and result["global_step"] == 640
+        and result["env_id"] == "CartPole-v1"
+    )
     assert result["eval_returns"] == s["eval_returns"][:1]
     assert list((tmp_run / "videos").glob("*.mp4"))
 
@@ -340,7 +491,19 @@ def test_tiny_run_outputs_checkpoint_and_eval_only(tmp_run):
 @pytest.mark.slow
 def test_copy_alone_detach_arch(tmp_path):
     script = copy_alone("ppg.py", tmp_path / "alone")
-    check_ok(run_script(script, "--total-steps", "128", "--arch", "detach", "--eval-interval", "0", *TINY, cwd=tmp_path / "alone"))
+    check_ok(
+        run_script(
+            script,
+            "--total-steps",
+            "128",
+            "--arch",
+            "detach",
+            "--eval-interval",
+            "0",
+            *TINY,
+            cwd=tmp_path / "alone",
+        )
+    )
     (run_dir,) = (tmp_path / "alone" / "runs").iterdir()
     assert run_dir.name.startswith("CartPole-v1__ppg__1__")
     assert summary(run_dir)["global_step"] == 128 and summary(run_dir)["arch"] == "detach"
@@ -359,7 +522,14 @@ def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
     ckpt = load(first)
     assert ckpt["phase_iteration"] == 1 and ckpt["aux_phases"] == 2
     shutil.move(first, part)  # the output follows the checkpoint's folder, not a stored path
-    ppg.train(ppg.Args(**{**TINY_ARGS, **common}, total_steps=1024, device="cpu", resume=str(part / "checkpoints" / "latest.pt")))
+    ppg.train(
+        ppg.Args(
+            **{**TINY_ARGS, **common},
+            total_steps=1024,
+            device="cpu",
+            resume=str(part / "checkpoints" / "latest.pt"),
+        )
+    )
     assert summary(part)["global_step"] == 1024 and not first.exists()
     assert [s for s, _ in scalars(part, "losses/aux/kl")] == [192, 384, 576, 768, 960]
     assert same_tags(full, part)
@@ -368,7 +538,9 @@ def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
     for opt in ("optimizer", "aux_optimizer"):
         for key, state in a[opt]["state"].items():
             assert same_tensors(state, b[opt]["state"][key]), opt
-    assert a["reward_moments"] == b["reward_moments"] and torch.equal(a["reward_ret"], b["reward_ret"])
+    assert a["reward_moments"] == b["reward_moments"] and torch.equal(
+        a["reward_ret"], b["reward_ret"]
+    )
     assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
 
 
@@ -378,15 +550,29 @@ def test_resume_beyond_the_learning_rate_horizon(tmp_path, restore_signals):
     run(tmp_path / "run", total_steps=128, eval_interval=0)
     ckpt = str(tmp_path / "run" / "checkpoints" / "latest.pt")
     message = refused(tmp_path, resume=ckpt, total_steps=256, **TINY_ARGS)
-    assert "--total-steps 256 runs past the learning-rate schedule, which reaches 0 at step 128" in message
+    assert (
+        "--total-steps 256 runs past the learning-rate schedule, which reaches 0 at step 128"
+        in message
+    )
     assert "--anneal-steps 256" in message
-    ppg.train(ppg.Args(**TINY_ARGS, total_steps=256, anneal_steps=256, eval_interval=0, device="cpu", resume=ckpt))
+    ppg.train(
+        ppg.Args(
+            **TINY_ARGS,
+            total_steps=256,
+            anneal_steps=256,
+            eval_interval=0,
+            device="cpu",
+            resume=ckpt,
+        )
+    )
     lrs = scalars(tmp_path / "run", "charts/learning_rate")
     assert [s for s, _ in lrs] == [64, 128, 192, 256]
     assert [v for _, v in lrs] == pytest.approx([1e-3, 5e-4, 1e-3 * 2 / 4, 1e-3 * 1 / 4])
 
 
-def test_same_seed_same_metrics_and_python_numpy_generators_unused(tmp_path, restore_signals, monkeypatch):
+def test_same_seed_same_metrics_and_python_numpy_generators_unused(
+    tmp_path, restore_signals, monkeypatch
+):
     """Same seed: identical metrics and weights, even with python's and numpy's global generators
     reseeded after seeding (the file draws from neither); another seed differs (the control)."""
     run(tmp_path / "a", total_steps=256, eval_interval=0)
@@ -409,10 +595,25 @@ def test_same_seed_same_metrics_and_python_numpy_generators_unused(tmp_path, res
 
 @pytest.mark.slow
 def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_run):
-    cmd = [sys.executable, str(ALGOS / "ppg.py"), "--total-steps", "10000000", "--run-dir", str(tmp_run),
-           "--checkpoint-interval", "0", "--eval-interval", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        str(ALGOS / "ppg.py"),
+        "--total-steps",
+        "10000000",
+        "--run-dir",
+        str(tmp_run),
+        "--checkpoint-interval",
+        "0",
+        "--eval-interval",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.stdout.readline().startswith("step ")  # training has started
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
@@ -422,18 +623,52 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_run):
     assert not (tmp_run / "summary.json").exists()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (issue 8: run on a GPU machine)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (issue 8: run on a GPU machine)"
+)
 def test_cuda_train_resume_on_cuda_and_evaluate_on_cpu(tmp_path):
     """The CUDA resume crash (a checkpoint loaded onto the GPU, then turned into numpy) stays fixed."""
     run_dir = tmp_path / "run"
     ckpt = str(run_dir / "checkpoints" / "latest.pt")
-    check_ok(run_script("ppg.py", "--device", "cuda", "--total-steps", "256", "--anneal-steps", "512", "--norm-reward",
-                        "--run-dir", str(run_dir), *TINY))
+    check_ok(
+        run_script(
+            "ppg.py",
+            "--device",
+            "cuda",
+            "--total-steps",
+            "256",
+            "--anneal-steps",
+            "512",
+            "--norm-reward",
+            "--run-dir",
+            str(run_dir),
+            *TINY,
+        )
+    )
     assert load(run_dir)["phase_iteration"] == 1 and "cuda" in load(run_dir)["rng"]
-    check_ok(run_script("ppg.py", "--device", "cuda", "--total-steps", "512", "--norm-reward", "--resume", ckpt, *TINY))
+    check_ok(
+        run_script(
+            "ppg.py",
+            "--device",
+            "cuda",
+            "--total-steps",
+            "512",
+            "--norm-reward",
+            "--resume",
+            ckpt,
+            *TINY,
+        )
+    )
     assert summary(run_dir)["global_step"] == 512
-    check_ok(run_script("ppg.py", "--eval-only", "--checkpoint", ckpt, "--device", "cpu", "--eval-episodes", "2"))
-    assert json.loads((run_dir / "eval.json").read_text())["eval_returns"] == summary(run_dir)["eval_returns"]
+    check_ok(
+        run_script(
+            "ppg.py", "--eval-only", "--checkpoint", ckpt, "--device", "cpu", "--eval-episodes", "2"
+        )
+    )
+    assert (
+        json.loads((run_dir / "eval.json").read_text())["eval_returns"]
+        == summary(run_dir)["eval_returns"]
+    )
 
 
 @pytest.mark.filterwarnings("ignore:.*meta parameter")  # the agent's weights are not the point here
@@ -447,13 +682,22 @@ def test_restore_moves_every_tensor_to_the_device(tmp_path, restore_signals):
     optimizers = [torch.optim.Adam(agent.parameters(), lr=1e-3) for _ in range(2)]
     envs = ppg.make_envs("CartPole-v1", TINY_ARGS["num_envs"])
     batch_size = TINY_ARGS["num_envs"] * TINY_ARGS["num_steps"]
-    aux = {"obs": torch.zeros(3, batch_size, 4, device=meta), "vtarg": torch.zeros(3, batch_size, device=meta),
-           "valid": torch.zeros(3, batch_size, device=meta)}
+    aux = {
+        "obs": torch.zeros(3, batch_size, 4, device=meta),
+        "vtarg": torch.zeros(3, batch_size, device=meta),
+        "valid": torch.zeros(3, batch_size, device=meta),
+    }
     carry = {"obs": None, "autoreset": None, "ep_return": None, "ep_length": None}
     reward_norm, counters = ppg.restore(ckpt, agent, *optimizers, envs, carry, aux, meta)
     envs.close()
     assert carry["obs"].device == reward_norm["ret"].device == meta
-    assert all(state.device == meta for opt in optimizers for s in opt.state.values() for k, state in s.items() if k != "step")
+    assert all(
+        state.device == meta
+        for opt in optimizers
+        for s in opt.state.values()
+        for k, state in s.items()
+        if k != "step"
+    )
     assert counters["phase_iteration"] == 1 and isinstance(carry["autoreset"], np.ndarray)
 
 
@@ -462,11 +706,21 @@ def test_wandb_finishes_with_0_on_success(tmp_path, fake_wandb, restore_signals)
     run(tmp_path / "run", total_steps=128, eval_interval=0, track=True, adam_eps=1e-8)
     assert fake_wandb.calls == [("init", []), ("finish", 0)]  # init before the SummaryWriter exists
     ckpt = load(tmp_path / "run")
-    assert ckpt["optimizer"]["param_groups"][0]["eps"] == ckpt["aux_optimizer"]["param_groups"][0]["eps"] == 1e-8
-    check_eval_only_after_move(tmp_path / "run", lambda path: ppg.train(ppg.Args(eval_only=True, checkpoint=path, eval_episodes=2)), seed=1)
+    assert (
+        ckpt["optimizer"]["param_groups"][0]["eps"]
+        == ckpt["aux_optimizer"]["param_groups"][0]["eps"]
+        == 1e-8
+    )
+    check_eval_only_after_move(
+        tmp_path / "run",
+        lambda path: ppg.train(ppg.Args(eval_only=True, checkpoint=path, eval_episodes=2)),
+        seed=1,
+    )
 
 
-def test_non_finite_loss_stops_keeps_checkpoint_and_finishes_wandb_with_1(tmp_path, fake_wandb, restore_signals, monkeypatch):
+def test_non_finite_loss_stops_keeps_checkpoint_and_finishes_wandb_with_1(
+    tmp_path, fake_wandb, restore_signals, monkeypatch
+):
     real_phase, calls = ppg.policy_phase, []
 
     def nan_on_third(*a):  # iterations 1 and 2 are fine; the checkpoint of step 128 is saved
@@ -479,29 +733,54 @@ def test_non_finite_loss_stops_keeps_checkpoint_and_finishes_wandb_with_1(tmp_pa
         run(tmp_path / "run", total_steps=640, eval_interval=0, checkpoint_interval=128, track=True)
     assert "\n" not in str(e.value.code)
     assert fake_wandb.calls == [("init", []), ("finish", 1)]
-    assert load(tmp_path / "run")["global_step"] == 128 and not (tmp_path / "run" / "summary.json").exists()
+    assert (
+        load(tmp_path / "run")["global_step"] == 128
+        and not (tmp_path / "run" / "summary.json").exists()
+    )
 
 
-def test_signal_skips_evaluations_saves_and_second_signal_kills(tmp_path, fake_wandb, restore_signals, monkeypatch):
+def test_signal_skips_evaluations_saves_and_second_signal_kills(
+    tmp_path, fake_wandb, restore_signals, monkeypatch
+):
     real_eval, evals = ppg.evaluate, []
     monkeypatch.setattr(ppg, "evaluate", lambda *a, **k: evals.append(1) or real_eval(*a, **k))
-    phase_then_sigterm, calls = sigterm_on_call(1, ppg.policy_phase)  # SIGTERM during the first update
+    phase_then_sigterm, calls = sigterm_on_call(
+        1, ppg.policy_phase
+    )  # SIGTERM during the first update
     monkeypatch.setattr(ppg, "policy_phase", phase_then_sigterm)
-    run(tmp_path / "run", total_steps=6400, eval_interval=64, track=True)  # an evaluation is due at step 64
+    run(
+        tmp_path / "run", total_steps=6400, eval_interval=64, track=True
+    )  # an evaluation is due at step 64
     assert len(calls) == 1 and evals == []
-    assert load(tmp_path / "run")["global_step"] == 64 and not (tmp_path / "run" / "summary.json").exists()
-    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert (
+        load(tmp_path / "run")["global_step"] == 64
+        and not (tmp_path / "run" / "summary.json").exists()
+    )
+    assert (
+        signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    )
     assert fake_wandb.calls[-1] == ("finish", 0)
 
 
-def test_checkpoint_interval_saves_once_per_crossing_and_once_at_the_end(tmp_path, restore_signals, monkeypatch):
+def test_checkpoint_interval_saves_once_per_crossing_and_once_at_the_end(
+    tmp_path, restore_signals, monkeypatch
+):
     real_save, saved = ppg.save_checkpoint, []
-    monkeypatch.setattr(ppg, "save_checkpoint", lambda path, args, step, state: saved.append(step) or real_save(path, args, step, state))
-    run(tmp_path / "run", total_steps=192, eval_interval=0, checkpoint_interval=64)  # 3 iterations of 64 steps
+    monkeypatch.setattr(
+        ppg,
+        "save_checkpoint",
+        lambda path, args, step, state: saved.append(step) or real_save(path, args, step, state),
+    )
+    run(
+        tmp_path / "run", total_steps=192, eval_interval=0, checkpoint_interval=64
+    )  # 3 iterations of 64 steps
     assert saved == [64, 128, 192]  # the last crossing is the final save, not a second one
 
 
-def test_sps_counts_the_training_loop_and_wall_time_the_whole_run(tmp_path, restore_signals, monkeypatch):
+def test_sps_counts_the_training_loop_and_wall_time_the_whole_run(
+    tmp_path, restore_signals, monkeypatch
+):
     real_check_env, real_save = ppg.check_env, ppg.save_checkpoint
 
     def slow(seconds, fn=lambda *a: [1.0]):
@@ -531,33 +810,46 @@ def refused(tmp_path, **kwargs) -> str:
     return message
 
 
-@pytest.mark.parametrize("kwargs, fragments", [
-    ({"env_id": "Pendulum-v1"}, ["continuous actions", "d4pg.py", "naf.py", "rlpd.py"]),
-    ({"env_id": "CarRacing-v3"}, ["image observations", "ppo_atari.py"]),
-    ({"env_id": "FrozenLake-v1"}, ["flat Box"]),
-    ({"env_id": "ALE/Pong-v5"}, ["ppo_atari.py"]),
-    ({"num_minibatches": 3}, ["--num-minibatches 3 does not divide", "256"]),
-    ({"aux_num_minibatches": 3}, ["--aux-num-minibatches 3 does not divide"]),
-    ({"total_steps": 100}, ["--total-steps 100 is below one rollout"]),
-    ({"n_pi": 0}, ["--n-pi must be at least 1, got 0"]),
-    ({"e_pi": 0}, ["--e-pi must be at least 1"]),
-    ({"num_envs": 0}, ["--num-envs must be at least 1"]),
-    ({"num_steps": 0}, ["--num-steps must be at least 1"]),
-    ({"hidden_dim": 0}, ["--hidden-dim must be at least 1"]),
-    ({"e_aux": -1}, ["--e-aux", "must not be negative"]),
-    ({"e_v": -1}, ["--e-v", "must not be negative"]),
-    ({"anneal_steps": -1}, ["--anneal-steps", "must not be negative"]),
-    # The value function would never be trained (issue 8); tiny sizes so that old code, which
-    # accepted it, fails this test quickly instead of training 50k steps.
-    ({"e_v": 0, "e_aux": 0, "total_steps": 256, **{k: v for k, v in TINY_ARGS.items() if k not in ("e_v", "e_aux")}},
-     ["--e-v 0 with --e-aux 0 never trains the value function"]),
-    ({"learning_rate": 0.0}, ["--learning-rate", "must be positive"]),
-    ({"aux_learning_rate": -1.0}, ["--aux-learning-rate", "must be positive"]),
-    ({"adam_eps": 0.0}, ["--adam-eps", "must be positive"]),
-    ({"total_steps": 60_000, "anneal_steps": 50_000}, ["--total-steps 60000 runs past the learning-rate schedule", "--anneal-steps 60000"]),
-    ({"eval_only": True}, ["--checkpoint"]),
-    ({"resume": "/nonexistent/latest.pt"}, ["does not exist"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragments",
+    [
+        ({"env_id": "Pendulum-v1"}, ["continuous actions", "d4pg.py", "naf.py", "rlpd.py"]),
+        ({"env_id": "CarRacing-v3"}, ["image observations", "ppo_atari.py"]),
+        ({"env_id": "FrozenLake-v1"}, ["flat Box"]),
+        ({"env_id": "ALE/Pong-v5"}, ["ppo_atari.py"]),
+        ({"num_minibatches": 3}, ["--num-minibatches 3 does not divide", "256"]),
+        ({"aux_num_minibatches": 3}, ["--aux-num-minibatches 3 does not divide"]),
+        ({"total_steps": 100}, ["--total-steps 100 is below one rollout"]),
+        ({"n_pi": 0}, ["--n-pi must be at least 1, got 0"]),
+        ({"e_pi": 0}, ["--e-pi must be at least 1"]),
+        ({"num_envs": 0}, ["--num-envs must be at least 1"]),
+        ({"num_steps": 0}, ["--num-steps must be at least 1"]),
+        ({"hidden_dim": 0}, ["--hidden-dim must be at least 1"]),
+        ({"e_aux": -1}, ["--e-aux", "must not be negative"]),
+        ({"e_v": -1}, ["--e-v", "must not be negative"]),
+        ({"anneal_steps": -1}, ["--anneal-steps", "must not be negative"]),
+        # The value function would never be trained (issue 8); tiny sizes so that old code, which
+        # accepted it, fails this test quickly instead of training 50k steps.
+        (
+            {
+                "e_v": 0,
+                "e_aux": 0,
+                "total_steps": 256,
+                **{k: v for k, v in TINY_ARGS.items() if k not in ("e_v", "e_aux")},
+            },
+            ["--e-v 0 with --e-aux 0 never trains the value function"],
+        ),
+        ({"learning_rate": 0.0}, ["--learning-rate", "must be positive"]),
+        ({"aux_learning_rate": -1.0}, ["--aux-learning-rate", "must be positive"]),
+        ({"adam_eps": 0.0}, ["--adam-eps", "must be positive"]),
+        (
+            {"total_steps": 60_000, "anneal_steps": 50_000},
+            ["--total-steps 60000 runs past the learning-rate schedule", "--anneal-steps 60000"],
+        ),
+        ({"eval_only": True}, ["--checkpoint"]),
+        ({"resume": "/nonexistent/latest.pt"}, ["does not exist"]),
+    ],
+)
 def test_bad_input(kwargs, fragments, tmp_path):
     message = refused(tmp_path, **kwargs)
     for fragment in fragments:
@@ -566,11 +858,20 @@ def test_bad_input(kwargs, fragments, tmp_path):
 
 @pytest.mark.slow
 def test_bad_input_cli_is_one_line(tmp_path):
-    check_error(run_script("ppg.py", "--env-id", "NoSuchEnv-v9", "--run-dir", str(tmp_path / "a")), "unknown environment", "NoSuchEnv-v9")
-    check_error(run_script("ppg.py", "--e-v", "0", "--e-aux", "0", "--run-dir", str(tmp_path / "b")), "never trains the value function")
+    check_error(
+        run_script("ppg.py", "--env-id", "NoSuchEnv-v9", "--run-dir", str(tmp_path / "a")),
+        "unknown environment",
+        "NoSuchEnv-v9",
+    )
+    check_error(
+        run_script("ppg.py", "--e-v", "0", "--e-aux", "0", "--run-dir", str(tmp_path / "b")),
+        "never trains the value function",
+    )
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    check_error(run_script("ppg.py", "--resume", str(corrupt), "--run-dir", str(tmp_path / "c")), "corrupt")
+    check_error(
+        run_script("ppg.py", "--resume", str(corrupt), "--run-dir", str(tmp_path / "c")), "corrupt"
+    )
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
@@ -579,10 +880,25 @@ def test_incompatible_checkpoints_are_refused(tmp_path):
     torch.save({"algo": "dqn_atari", "env_id": "CartPole-v1", "args": {}, "global_step": 0}, other)
     assert "dqn_atari.py" in refused(tmp_path, eval_only=True, checkpoint=str(other))
     mine = tmp_path / "mine.pt"
-    torch.save({"algo": "ppg", "harness": 1, "env_id": "CartPole-v1", "args": ppg.asdict(ppg.Args()), "global_step": 4096, "anneal_steps": 50_000}, mine)
-    for change, fragment in [({"arch": "detach"}, "--arch dual"), ({"num_envs": 4}, "--num-envs 8"), ({"n_pi": 4}, "--n-pi 8"),
-                             ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"), ({"e_aux": 0}, "--e-aux 6"),
-                             ({"total_steps": 4000}, "--total-steps 4000 is below the checkpoint's step 4096")]:
+    torch.save(
+        {
+            "algo": "ppg",
+            "harness": 1,
+            "env_id": "CartPole-v1",
+            "args": ppg.asdict(ppg.Args()),
+            "global_step": 4096,
+            "anneal_steps": 50_000,
+        },
+        mine,
+    )
+    for change, fragment in [
+        ({"arch": "detach"}, "--arch dual"),
+        ({"num_envs": 4}, "--num-envs 8"),
+        ({"n_pi": 4}, "--n-pi 8"),
+        ({"env_id": "Acrobot-v1"}, "--env-id CartPole-v1"),
+        ({"e_aux": 0}, "--e-aux 6"),
+        ({"total_steps": 4000}, "--total-steps 4000 is below the checkpoint's step 4096"),
+    ]:
         assert fragment in refused(tmp_path, resume=str(mine), **change)
 
 

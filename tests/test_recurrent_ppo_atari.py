@@ -24,13 +24,37 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    ALGOS,
+    check_error,
+    check_eval_only_after_move,
+    check_ok,
+    copy_alone,
+    run_script,
+    scalars,
+    summary,
+)
 from torch.distributions import Categorical
 
-from conftest import ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars, summary
-
 SCRIPT = "recurrent_ppo_atari.py"
-TINY = ("--num-envs", "2", "--num-steps", "32", "--seq-len", "8", "--num-minibatches", "2", "--update-epochs", "2",
-        "--eval-episodes", "1", "--max-episode-frames", "2000", "--lstm-hidden-size", "32")
+TINY = (
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "32",
+    "--seq-len",
+    "8",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--eval-episodes",
+    "1",
+    "--max-episode-frames",
+    "2000",
+    "--lstm-hidden-size",
+    "32",
+)
 
 spec = importlib.util.spec_from_file_location("recurrent_ppo_atari", ALGOS / SCRIPT)
 rppo = importlib.util.module_from_spec(spec)
@@ -45,14 +69,27 @@ class FakeAtari:
     the same frames; `events(c, i)` names what ends with env i's step from clock c:
     "life" (a life lost, the game goes on), "over" (game over) or "cut" (time limit)."""
 
-    def __init__(self, num_envs, frame_stack, events, clock=lambda seed: 0, sigterm_at=None, fire=1):
-        self.num_envs, self.frame_stack, self.events, self.clock = num_envs, frame_stack, events, clock
+    def __init__(
+        self, num_envs, frame_stack, events, clock=lambda seed: 0, sigterm_at=None, fire=1
+    ):
+        self.num_envs, self.frame_stack, self.events, self.clock = (
+            num_envs,
+            frame_stack,
+            events,
+            clock,
+        )
         self.single_action_space, self.fire = gym.spaces.Discrete(4), fire
         self.sigterm_at, self.calls, self.finals, self.taken = sigterm_at, 0, {}, []
 
     def frames(self, final=0):
-        return np.stack([np.random.default_rng([self.c, i, final]).integers(0, 256, (self.frame_stack, 84, 84), dtype=np.uint8)
-                         for i in range(self.num_envs)])
+        return np.stack(
+            [
+                np.random.default_rng([self.c, i, final]).integers(
+                    0, 256, (self.frame_stack, 84, 84), dtype=np.uint8
+                )
+                for i in range(self.num_envs)
+            ]
+        )
 
     def reset(self, seed):
         self.c, self.lives = self.clock(seed), np.full(self.num_envs, 3)
@@ -66,12 +103,19 @@ class FakeAtari:
         events = [self.events(self.c, i) for i in range(self.num_envs)]
         self.c += 1
         reward = ((np.asarray(actions) + self.c) % 3 == 0).astype(np.float64)
-        term, trunc = np.array([e == "over" for e in events]), np.array([e == "cut" for e in events])
+        term, trunc = (
+            np.array([e == "over" for e in events]),
+            np.array([e == "cut" for e in events]),
+        )
         self.lives -= np.array([e == "life" for e in events])
         info = {}
         if (term | trunc).any():
-            info["final_obs"] = self.frames(final=1)  # the ended games' last frames, before the reset
-            self.finals.update({(self.c - 1, i): info["final_obs"][i] for i in np.flatnonzero(term | trunc)})
+            info["final_obs"] = self.frames(
+                final=1
+            )  # the ended games' last frames, before the reset
+            self.finals.update(
+                {(self.c - 1, i): info["final_obs"][i] for i in np.flatnonzero(term | trunc)}
+            )
         self.lives[term | trunc] = 3
         info["lives"] = self.lives.copy()
         return self.frames(), reward, term, trunc, info
@@ -81,7 +125,14 @@ class FakeAtari:
 
 
 # env 0: life lost at step 3, time limit at 10, game over at 17; env 1: game over at 5, life lost at 12, time limit at 20
-SCRIPTED = {(3, 0): "life", (10, 0): "cut", (17, 0): "over", (5, 1): "over", (12, 1): "life", (20, 1): "cut"}
+SCRIPTED = {
+    (3, 0): "life",
+    (10, 0): "cut",
+    (17, 0): "over",
+    (5, 1): "over",
+    (12, 1): "life",
+    (20, 1): "cut",
+}
 AFTER_LIFE = {(4, 0), (13, 1)}  # baselines: episode starts, and FIRE forced there
 EXPECTED_STARTS = {(0, 0), (0, 1), (11, 0), (18, 0), (6, 1), (21, 1)} | AFTER_LIFE
 
@@ -97,7 +148,9 @@ def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1, baselines=True):
     with torch.no_grad():  # a livelier memory than at init, so a missed reset would show
         agent.lstm.weight_hh_l0.mul_(3.0)
         agent.actor.weight.mul_(100.0)
-    envs = FakeAtari(2, frame_stack, lambda c, i: SCRIPTED.get((c, i)), fire=1 if baselines else None)
+    envs = FakeAtari(
+        2, frame_stack, lambda c, i: SCRIPTED.get((c, i)), fire=1 if baselines else None
+    )
     ro = rppo.Rollout(T, 2, seq_len, frame_stack, hidden, torch.device("cpu"))
     obs, info = envs.reset(seed=0)
     ro.restart(obs, info["lives"], agent)
@@ -120,21 +173,33 @@ def stepwise(agent, obs, state, starts):
 def test_acting_matches_a_per_env_per_step_loop():
     agent, envs, ro = scripted_rollout(seq_len=24)
     assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS
-    assert ro.terminals[:, 0].nonzero()[0].tolist() == [3, 17] and ro.truncations[:, 0].nonzero()[0].tolist() == [10]
-    assert ro.terminals[:, 1].nonzero()[0].tolist() == [5, 12] and ro.truncations[:, 1].nonzero()[0].tolist() == [20]
+    assert ro.terminals[:, 0].nonzero()[0].tolist() == [3, 17] and ro.truncations[:, 0].nonzero()[
+        0
+    ].tolist() == [10]
+    assert ro.terminals[:, 1].nonzero()[0].tolist() == [5, 12] and ro.truncations[:, 1].nonzero()[
+        0
+    ].tolist() == [20]
     with torch.no_grad():
         for n in range(2):  # batch of one env, one step at a time
             h = c = torch.zeros(1, 1, 16)
             for t in range(24):
                 if ro.starts[t, n]:
                     h, c = torch.zeros_like(h), torch.zeros_like(c)
-                out, (h, c) = agent.lstm(agent.network(ro.obs[t, n][None].float() / 255.0)[None], (h, c))
+                out, (h, c) = agent.lstm(
+                    agent.network(ro.obs[t, n][None].float() / 255.0)[None], (h, c)
+                )
                 logp = agent.actor(out[0, 0]).log_softmax(-1)[ro.actions[t, n]]
                 torch.testing.assert_close(logp, ro.logprobs[t, n], rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(agent.critic(out[0, 0])[0], ro.values[t, n], rtol=1e-5, atol=1e-5)
-                if ro.truncations[t, n]:  # V(real final frame), one more step from the episode's own state
+                torch.testing.assert_close(
+                    agent.critic(out[0, 0])[0], ro.values[t, n], rtol=1e-5, atol=1e-5
+                )
+                if ro.truncations[
+                    t, n
+                ]:  # V(real final frame), one more step from the episode's own state
                     final = torch.from_numpy(envs.finals[(t, n)])[None].float() / 255.0
-                    v_final = agent.critic(agent.lstm(agent.network(final)[None], (h, c))[0][0, 0])[0]
+                    v_final = agent.critic(agent.lstm(agent.network(final)[None], (h, c))[0][0, 0])[
+                        0
+                    ]
                     torch.testing.assert_close(ro.trunc_values[t, n], v_final, rtol=1e-5, atol=1e-5)
                 else:
                     assert ro.trunc_values[t, n] == 0
@@ -151,7 +216,15 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, base
     seen, real = [], rppo.ppo_losses
 
     def spy(new_logprob, old_logprob, adv, new_value, old_value, *rest):
-        seen.append((new_logprob.detach().clone(), old_logprob, new_value.detach().clone(), old_value, rest[-1]))
+        seen.append(
+            (
+                new_logprob.detach().clone(),
+                old_logprob,
+                new_value.detach().clone(),
+                old_value,
+                rest[-1],
+            )
+        )
         return real(new_logprob, old_logprob, adv, new_value, old_value, *rest)
 
     monkeypatch.setattr(rppo, "ppo_losses", spy)
@@ -167,9 +240,17 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, base
     assert sum(int((acted == 0).sum()) for *_, acted in seen[:2]) == (2 if baselines else 0)
     # and all sequences at once, against the rollout's own layout
     with torch.no_grad():
-        logits, values, _ = agent(ro.sequences(ro.obs), (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
-                                  ro.sequences(torch.from_numpy(ro.starts)))
-    torch.testing.assert_close(Categorical(logits=logits).log_prob(ro.sequences(ro.actions)), ro.sequences(ro.logprobs), rtol=1e-5, atol=1e-5)
+        logits, values, _ = agent(
+            ro.sequences(ro.obs),
+            (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
+            ro.sequences(torch.from_numpy(ro.starts)),
+        )
+    torch.testing.assert_close(
+        Categorical(logits=logits).log_prob(ro.sequences(ro.actions)),
+        ro.sequences(ro.logprobs),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     torch.testing.assert_close(values, ro.sequences(ro.values), rtol=1e-5, atol=1e-5)
 
 
@@ -182,7 +263,9 @@ def test_rollout_forces_fire_after_a_lost_life_and_masks_it(baselines):
     forced = AFTER_LIFE if baselines else set()
     assert {(t, n) for t, n in zip(*np.nonzero(ro.acted == 0))} == forced
     assert all(ro.actions[t, n] == 1 and envs.taken[t][n] == 1 for t, n in forced)
-    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS - (set() if baselines else AFTER_LIFE)
+    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS - (
+        set() if baselines else AFTER_LIFE
+    )
     assert ro.terminals[:, 0].nonzero()[0].tolist() == ([3, 17] if baselines else [17])
     assert ro.terminals[:, 1].nonzero()[0].tolist() == ([5, 12] if baselines else [5])
 
@@ -191,9 +274,16 @@ def test_ppo_losses_leave_forced_steps_out_of_the_policy_loss():
     """ratio 1: the clipped surrogate is -A per step; acted = (1, 0, 1) averages steps 0 and 2 only, and the
     value loss still covers all three."""
     t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
-    logp, adv, values, returns = t([-1.0, -2.0, -0.5]), t([1.0, 5.0, 2.0]), t([0.0, 1.0, 2.0]), t([1.0, 1.0, 0.0])
+    logp, adv, values, returns = (
+        t([-1.0, -2.0, -0.5]),
+        t([1.0, 5.0, 2.0]),
+        t([0.0, 1.0, 2.0]),
+        t([1.0, 1.0, 0.0]),
+    )
     pg, vl, _, _ = rppo.ppo_losses(logp, logp, adv, values, values, returns, 0.1, False)
-    pg_m, vl_m, _, _ = rppo.ppo_losses(logp, logp, adv, values, values, returns, 0.1, False, t([1.0, 0.0, 1.0]))
+    pg_m, vl_m, _, _ = rppo.ppo_losses(
+        logp, logp, adv, values, values, returns, 0.1, False, t([1.0, 0.0, 1.0])
+    )
     assert pg.item() == pytest.approx(-8.0 / 3) and pg_m.item() == pytest.approx(-1.5)
     assert vl.item() == vl_m.item() == pytest.approx(0.5 * (1 + 0 + 4) / 3)
 
@@ -202,8 +292,11 @@ def test_replay_without_the_resets_would_differ():
     """Control: the same replay with the start flags cleared no longer matches (the test can fail)."""
     agent, _, ro = scripted_rollout(seq_len=8)
     with torch.no_grad():
-        _, values, _ = agent(ro.sequences(ro.obs), (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
-                             torch.zeros(8, 6))
+        _, values, _ = agent(
+            ro.sequences(ro.obs),
+            (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
+            torch.zeros(8, 6),
+        )
     assert (values - ro.sequences(ro.values)).abs().max() > 1e-3
 
 
@@ -224,7 +317,9 @@ def test_reset_at_start_equals_fresh_sequence_and_one_lstm_call_per_span():
     starts = torch.zeros(10, 3)
     starts[0, 0] = starts[3, 1] = starts[3, 2] = starts[6, 0] = 1.0
     calls = []
-    agent.lstm.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    agent.lstm.register_forward_hook(
+        lambda module, inputs, output: calls.append(inputs[0].shape[0])
+    )
     with torch.no_grad():
         logits, values, (h, c) = agent(obs, state, starts)
         assert calls == [3, 3, 4]  # spans [0, 3), [3, 6), [6, 10): starts at 3 and 6 cut the batch
@@ -232,10 +327,14 @@ def test_reset_at_start_equals_fresh_sequence_and_one_lstm_call_per_span():
         torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(values, ref_values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
-        fresh_logits, fresh_values, _ = agent(obs[3:, 1:2], agent.initial_state(1, "cpu"), torch.zeros(7, 1))
+        fresh_logits, fresh_values, _ = agent(
+            obs[3:, 1:2], agent.initial_state(1, "cpu"), torch.zeros(7, 1)
+        )
         torch.testing.assert_close(logits[3:, 1:2], fresh_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(values[3:, 1:2], fresh_values, rtol=1e-5, atol=1e-5)
-        _, no_reset_values, _ = agent(obs[:, 1:2], (state[0][:, 1:2], state[1][:, 1:2]), torch.zeros(10, 1))
+        _, no_reset_values, _ = agent(
+            obs[:, 1:2], (state[0][:, 1:2], state[1][:, 1:2]), torch.zeros(10, 1)
+        )
     assert (no_reset_values[3:] - fresh_values).abs().max() > 1e-4  # the reset mattered
 
 
@@ -244,8 +343,16 @@ def test_gae_hand_computed_with_life_loss_and_truncation():
     # gamma = lambda = 0.5. Env 0: life loss at t=1, time limit at t=2 with V(final obs) = 10.
     t = lambda rows: torch.tensor(rows, dtype=torch.float32)  # noqa: E731
     values = t([[1, 0], [2, 0], [3, 0], [4, 0]])
-    adv, ret = rppo.gae(t([[1, 0], [0, 0], [1, 0], [1, 1]]), values, t([5, 2]), t([[0, 0], [1, 0], [0, 0], [0, 0]]),
-                        t([[0, 0], [0, 0], [1, 0], [0, 0]]), t([[0, 0], [0, 0], [10, 0], [0, 0]]), 0.5, 0.5)
+    adv, ret = rppo.gae(
+        t([[1, 0], [0, 0], [1, 0], [1, 1]]),
+        values,
+        t([5, 2]),
+        t([[0, 0], [1, 0], [0, 0], [0, 0]]),
+        t([[0, 0], [0, 0], [1, 0], [0, 0]]),
+        t([[0, 0], [0, 0], [10, 0], [0, 0]]),
+        0.5,
+        0.5,
+    )
     expected = t([[0.5, 0.03125], [-2, 0.125], [3, 0.5], [-0.5, 2]])
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, expected + values)
@@ -259,10 +366,15 @@ def test_orthogonal_lstm_zero_biases_and_frame_stack():
     assert agent.network[0].in_channels == 4 and agent.actor.in_features == 32
 
 
-@pytest.mark.parametrize("env_id, game, sticky", [
-    ("BreakoutNoFrameskip-v4", "breakout", 0.0), ("ALE/Pitfall2-v5", "pitfall2", 0.25),
-    ("ALE/TicTacToe3D-v5", "tic_tac_toe_3d", 0.25), ("MsPacmanNoFrameskip-v4", "ms_pacman", 0.0),
-])
+@pytest.mark.parametrize(
+    "env_id, game, sticky",
+    [
+        ("BreakoutNoFrameskip-v4", "breakout", 0.0),
+        ("ALE/Pitfall2-v5", "pitfall2", 0.25),
+        ("ALE/TicTacToe3D-v5", "tic_tac_toe_3d", 0.25),
+        ("MsPacmanNoFrameskip-v4", "ms_pacman", 0.0),
+    ],
+)
 def test_atari_protocol(env_id, game, sticky):
     assert rppo.atari_protocol(env_id) == (game, sticky)
 
@@ -271,14 +383,28 @@ def test_atari_protocol(env_id, game, sticky):
 def test_evaluate_counts_capped_games_resets_memory_and_keeps_training_rng(monkeypatch):
     events = {(4, 0): "cut", (2, 1): "life", (6, 1): "over", (1, 2): "over"}
     made, starts = [], []
-    monkeypatch.setattr(rppo, "make_envs", lambda n, **atari: made.append(FakeAtari(n, 1, lambda c, i: events.get((c, i)))) or made[-1])
+    monkeypatch.setattr(
+        rppo,
+        "make_envs",
+        lambda n, **atari: (
+            made.append(FakeAtari(n, 1, lambda c, i: events.get((c, i)))) or made[-1]
+        ),
+    )
     torch.manual_seed(0)
     agent, before = rppo.Agent(4, 1, 8), torch.get_rng_state()
     agent.register_forward_hook(lambda module, inputs, output: starts.append(inputs[2][0].tolist()))
     atari = dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1, baselines=True)
     scores, capped = rppo.evaluate(agent, atari, 3, 10_001, "cpu")
     assert capped == 1 and made[0].c == 7  # the games end at steps 4 (cut), 6 and 1
-    assert [s[1] for s in starts] == [1, 0, 0, 1, 0, 0, 0]  # env 1: a new game, then a lost life after step 2
+    assert [s[1] for s in starts] == [
+        1,
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+    ]  # env 1: a new game, then a lost life after step 2
     assert starts[5][0] == 1 and starts[2][2] == 1  # env 0 after its cut, env 2 after its game over
     assert torch.equal(torch.get_rng_state(), before)
     assert rppo.evaluate(agent, atari, 3, 10_001, "cpu") == (scores, capped)
@@ -291,15 +417,31 @@ class NoopPolicy(torch.nn.Module):
         return torch.zeros(1, batch, 1), torch.zeros(1, batch, 1)
 
     def forward(self, obs, state, starts):
-        return torch.tensor([0.0, -1e9, -1e9, -1e9]).expand(*starts.shape, 4), torch.zeros(starts.shape), state
+        return (
+            torch.tensor([0.0, -1e9, -1e9, -1e9]).expand(*starts.shape, 4),
+            torch.zeros(starts.shape),
+            state,
+        )
 
 
 def test_evaluate_presses_fire_after_a_lost_life(monkeypatch):
     """The step after env 0 loses a life (its 2nd step) presses FIRE (action 1) whatever the policy samples;
     env 1 never loses one and is never forced."""
     events, made = {(1, 0): "life", (5, 0): "over", (5, 1): "over"}, []
-    monkeypatch.setattr(rppo, "make_envs", lambda n, **atari: made.append(FakeAtari(n, 1, lambda c, i: events.get((c, i)))) or made[-1])
-    rppo.evaluate(NoopPolicy(), dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1, baselines=True), 2, 10_001, "cpu")
+    monkeypatch.setattr(
+        rppo,
+        "make_envs",
+        lambda n, **atari: (
+            made.append(FakeAtari(n, 1, lambda c, i: events.get((c, i)))) or made[-1]
+        ),
+    )
+    rppo.evaluate(
+        NoopPolicy(),
+        dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1, baselines=True),
+        2,
+        10_001,
+        "cpu",
+    )
     assert [a.tolist() for a in made[0].taken] == [[0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]]
 
 
@@ -308,7 +450,13 @@ def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, ended):
     """A policy that only presses NOOP on the real game: under baselines FIRE launches the ball at reset and
     after every lost life, so all 5 lives are lost and the game ends; under machado the ball is never
     launched and the game runs to the frame limit with score 0. (FIRE at reset only would lose one life, then stall.)"""
-    atari = dict(game="breakout", sticky=0.0, max_frames=20_000, frame_stack=1, baselines=protocol == "baselines")
+    atari = dict(
+        game="breakout",
+        sticky=0.0,
+        max_frames=20_000,
+        frame_stack=1,
+        baselines=protocol == "baselines",
+    )
     envs = rppo.make_envs(1, **atari)
     assert envs.fire == (1 if ended else None)
     envs.close()
@@ -325,11 +473,26 @@ def periodic(c, i):
 def fake_factory(sigterm_at=None):
     """make_envs stand-in: clock = step count / 2 envs, so a resumed run (reset seeded seed + step) sees the same frames."""
     return lambda n, game, sticky, max_frames, frame_stack, baselines: FakeAtari(
-        n, frame_stack, periodic, lambda seed: (seed - 1) // 2, sigterm_at if n == 2 else None, 1 if baselines else None)
+        n,
+        frame_stack,
+        periodic,
+        lambda seed: (seed - 1) // 2,
+        sigterm_at if n == 2 else None,
+        1 if baselines else None,
+    )
 
 
-FAKE_ARGS = dict(num_envs=2, num_steps=32, seq_len=8, num_minibatches=2, update_epochs=2, eval_episodes=1,
-                 lstm_hidden_size=16, device="cpu", checkpoint_interval=0)
+FAKE_ARGS = dict(
+    num_envs=2,
+    num_steps=32,
+    seq_len=8,
+    num_minibatches=2,
+    update_epochs=2,
+    eval_episodes=1,
+    lstm_hidden_size=16,
+    device="cpu",
+    checkpoint_interval=0,
+)
 
 
 def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, restore_signals, capsys):
@@ -342,14 +505,29 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, restore_signals,
     assert "interrupted: checkpoint saved at step 64" in capsys.readouterr().out
     assert not (tmp_path / "b" / "summary.json").exists()
     monkeypatch.setattr(rppo, "make_envs", fake_factory())
-    rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, resume=str(tmp_path / "b" / "checkpoints" / "latest.pt")))
+    rppo.train(
+        rppo.Args(
+            **FAKE_ARGS, total_steps=128, resume=str(tmp_path / "b" / "checkpoints" / "latest.pt")
+        )
+    )
     a, b = (torch.load(tmp_path / r / "checkpoints" / "latest.pt", weights_only=True) for r in "ab")
-    assert a["global_step"] == b["global_step"] == 128 and a["schedule_steps"] == b["schedule_steps"] == 128
+    assert (
+        a["global_step"] == b["global_step"] == 128
+        and a["schedule_steps"] == b["schedule_steps"] == 128
+    )
     for name, tensor in a["agent"].items():
         assert torch.equal(tensor, b["agent"][name]), name
-    assert torch.equal(a["optimizer"]["state"][0]["exp_avg_sq"], b["optimizer"]["state"][0]["exp_avg_sq"])
-    for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl", "charts/learning_rate",
-                "charts/episodic_return", "eval/episodic_return"):
+    assert torch.equal(
+        a["optimizer"]["state"][0]["exp_avg_sq"], b["optimizer"]["state"][0]["exp_avg_sq"]
+    )
+    for tag in (
+        "losses/value_loss",
+        "losses/policy_loss",
+        "losses/approx_kl",
+        "charts/learning_rate",
+        "charts/episodic_return",
+        "eval/episodic_return",
+    ):
         assert scalars(tmp_path / "a", tag) == scalars(tmp_path / "b", tag), tag
     assert summary(tmp_path / "a")["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
 
@@ -358,48 +536,84 @@ def test_resume_keeps_the_schedule_and_refuses_to_run_past_it(tmp_path, monkeypa
     monkeypatch.setattr(rppo, "make_envs", fake_factory())
     rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, run_dir=str(tmp_path / "a")))
     ckpt = str(tmp_path / "a" / "checkpoints" / "latest.pt")
-    with pytest.raises(SystemExit, match="--total-steps 256 runs past the learning-rate anneal, which reaches 0 at step 128 "
-                                         r"\(the schedule of the checkpoint\); pass --schedule-steps 256"):
+    with pytest.raises(
+        SystemExit,
+        match="--total-steps 256 runs past the learning-rate anneal, which reaches 0 at step 128 "
+        r"\(the schedule of the checkpoint\); pass --schedule-steps 256",
+    ):
         rppo.train(rppo.Args(**FAKE_ARGS, total_steps=256, resume=ckpt))
     rppo.train(rppo.Args(**FAKE_ARGS, total_steps=256, resume=ckpt, schedule_steps=512))
     lrs = [lr for _, lr in scalars(tmp_path / "a", "charts/learning_rate")]
-    assert lrs == pytest.approx([2.5e-4, 1.25e-4, 2.5e-4 * 0.75, 2.5e-4 * 0.625])  # re-planned from step 128 on
+    assert lrs == pytest.approx(
+        [2.5e-4, 1.25e-4, 2.5e-4 * 0.75, 2.5e-4 * 0.625]
+    )  # re-planned from step 128 on
     assert torch.load(ckpt, weights_only=True)["schedule_steps"] == 512
 
 
 def test_non_finite_loss_stops_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(rppo, "make_envs", fake_factory())
-    with pytest.raises(SystemExit, match="recurrent_ppo_atari.py: error: non-finite loss at step 64"):
-        rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, learning_rate=1e38, anneal_lr=False, run_dir=str(tmp_path / "r")))
-    assert not (tmp_path / "r" / "summary.json").exists() and not (tmp_path / "r" / "checkpoints").exists()
+    with pytest.raises(
+        SystemExit, match="recurrent_ppo_atari.py: error: non-finite loss at step 64"
+    ):
+        rppo.train(
+            rppo.Args(
+                **FAKE_ARGS,
+                total_steps=128,
+                learning_rate=1e38,
+                anneal_lr=False,
+                run_dir=str(tmp_path / "r"),
+            )
+        )
+    assert (
+        not (tmp_path / "r" / "summary.json").exists()
+        and not (tmp_path / "r" / "checkpoints").exists()
+    )
 
 
 # ------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(seq_len=48), "--seq-len 48 does not divide --num-steps 128"),
-    (dict(num_envs=3, num_minibatches=4), "3 sequences per rollout (num_envs * num_steps / seq_len) do not split into --num-minibatches 4"),
-    (dict(num_envs=2, seq_len=32, num_minibatches=3), "8 sequences per rollout"),
-    (dict(seq_len=0), "--seq-len must be positive"),
-    (dict(num_envs=0), "--num-envs must be positive"),
-    (dict(num_minibatches=0), "--num-minibatches must be positive"),
-    (dict(frame_stack=0), "--frame-stack must be positive"),
-    (dict(lstm_hidden_size=-1), "--lstm-hidden-size must be positive"),
-    (dict(learning_rate=0.0), "--learning-rate must be positive"),
-    (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
-    (dict(gamma=1.5), "--gamma must be in [0, 1], got 1.5"),
-    (dict(gae_lambda=-0.1), "--gae-lambda must be in [0, 1], got -0.1"),
-    (dict(anneal_lr=True, schedule_steps=512, total_steps=1024), "runs past the learning-rate anneal, which reaches 0 at step 512 (set by --schedule-steps)"),
-    (dict(total_steps=100), "--total-steps 100 is less than one rollout (num_envs * num_steps = 1024)"),
-    (dict(env_id="CartPole-v1"), "not an Atari game (discrete actions, vector observations); use ppg.py"),
-    (dict(env_id="Pendulum-v1"), "use d4pg.py, naf.py or rlpd.py"),
-    (dict(env_id="NotAnEnv-v0"), "unknown environment id 'NotAnEnv-v0'"),
-    (dict(env_id="Breakout-v4"), "frame-skip protocol is not supported; use BreakoutNoFrameskip-v4 or ALE/Breakout-v5"),
-    (dict(env_id="Breakout-ram-v4"), "RAM observations are not supported"),
-    (dict(env_id="BreakoutsNoFrameskip-v4"), "unknown Atari game 'Breakouts'"),
-    (dict(env_id="ALE/Breakouts-v5"), "did you mean ALE/Breakout-v5?"),
-    (dict(eval_only=True), "--eval-only needs --checkpoint"),
-    (dict(resume="/nonexistent/latest.pt"), "does not exist"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(seq_len=48), "--seq-len 48 does not divide --num-steps 128"),
+        (
+            dict(num_envs=3, num_minibatches=4),
+            "3 sequences per rollout (num_envs * num_steps / seq_len) do not split into --num-minibatches 4",
+        ),
+        (dict(num_envs=2, seq_len=32, num_minibatches=3), "8 sequences per rollout"),
+        (dict(seq_len=0), "--seq-len must be positive"),
+        (dict(num_envs=0), "--num-envs must be positive"),
+        (dict(num_minibatches=0), "--num-minibatches must be positive"),
+        (dict(frame_stack=0), "--frame-stack must be positive"),
+        (dict(lstm_hidden_size=-1), "--lstm-hidden-size must be positive"),
+        (dict(learning_rate=0.0), "--learning-rate must be positive"),
+        (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
+        (dict(gamma=1.5), "--gamma must be in [0, 1], got 1.5"),
+        (dict(gae_lambda=-0.1), "--gae-lambda must be in [0, 1], got -0.1"),
+        (
+            dict(anneal_lr=True, schedule_steps=512, total_steps=1024),
+            "runs past the learning-rate anneal, which reaches 0 at step 512 (set by --schedule-steps)",
+        ),
+        (
+            dict(total_steps=100),
+            "--total-steps 100 is less than one rollout (num_envs * num_steps = 1024)",
+        ),
+        (
+            dict(env_id="CartPole-v1"),
+            "not an Atari game (discrete actions, vector observations); use ppg.py",
+        ),
+        (dict(env_id="Pendulum-v1"), "use d4pg.py, naf.py or rlpd.py"),
+        (dict(env_id="NotAnEnv-v0"), "unknown environment id 'NotAnEnv-v0'"),
+        (
+            dict(env_id="Breakout-v4"),
+            "frame-skip protocol is not supported; use BreakoutNoFrameskip-v4 or ALE/Breakout-v5",
+        ),
+        (dict(env_id="Breakout-ram-v4"), "RAM observations are not supported"),
+        (dict(env_id="BreakoutsNoFrameskip-v4"), "unknown Atari game 'Breakouts'"),
+        (dict(env_id="ALE/Breakouts-v5"), "did you mean ALE/Breakout-v5?"),
+        (dict(eval_only=True), "--eval-only needs --checkpoint"),
+        (dict(resume="/nonexistent/latest.pt"), "does not exist"),
+    ],
+)
 def test_bad_args(kwargs, fragment, tmp_path):
     with pytest.raises(SystemExit) as info:
         rppo.train(rppo.Args(**{"run_dir": str(tmp_path / "r"), **kwargs}))
@@ -412,15 +626,31 @@ def test_checkpoint_refusals(tmp_path):
     args = rppo.Args(seq_len=8, num_steps=32, num_envs=2)
     path = tmp_path / "run" / "checkpoints" / "latest.pt"
     rppo.save_checkpoint(path, args, 64, {"agent": {}})
-    for kwargs, fragment in [(dict(seq_len=16), "was made with --seq-len 8, not 16; pass --seq-len 8"),
-                             (dict(seq_len=8, frame_stack=4), "--frame-stack 1, not 4"),
-                             (dict(seq_len=8, protocol="machado"), "was made with --protocol auto, not machado; pass --protocol auto"),
-                             (dict(seq_len=8, env_id="ALE/Pong-v5"), "is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"),
-                             (dict(seq_len=8, num_steps=16, total_steps=32), "--total-steps 32 is below the checkpoint's step 64")]:
+    for kwargs, fragment in [
+        (dict(seq_len=16), "was made with --seq-len 8, not 16; pass --seq-len 8"),
+        (dict(seq_len=8, frame_stack=4), "--frame-stack 1, not 4"),
+        (
+            dict(seq_len=8, protocol="machado"),
+            "was made with --protocol auto, not machado; pass --protocol auto",
+        ),
+        (dict(seq_len=8, env_id="ALE/Pong-v5"), "is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"),
+        (
+            dict(seq_len=8, num_steps=16, total_steps=32),
+            "--total-steps 32 is below the checkpoint's step 64",
+        ),
+    ]:
         with pytest.raises(SystemExit, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-            rppo.train(rppo.Args(**{"num_steps": 32, "num_envs": 2, "num_minibatches": 2, **kwargs}, resume=str(path)))
+            rppo.train(
+                rppo.Args(
+                    **{"num_steps": 32, "num_envs": 2, "num_minibatches": 2, **kwargs},
+                    resume=str(path),
+                )
+            )
     (tmp_path / "other.pt").parent.mkdir(exist_ok=True)
-    torch.save({"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 0}, tmp_path / "other.pt")
+    torch.save(
+        {"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 0},
+        tmp_path / "other.pt",
+    )
     with pytest.raises(SystemExit, match="written by ppo_atari.py, not recurrent_ppo_atari.py"):
         rppo.train(rppo.Args(eval_only=True, checkpoint=str(tmp_path / "other.pt")))
 
@@ -437,35 +667,83 @@ def base_run(tmp_path_factory):
 @pytest.mark.slow
 def test_run_outputs(base_run):
     s = summary(base_run)
-    for key in ("script", "algo", "env_id", "seed", "global_step", "eval_mean", "eval_std", "eval_episodes",
-                "eval_returns", "wall_time_s", "sps", "peak_rss_mb", "eval_capped_games"):
+    for key in (
+        "script",
+        "algo",
+        "env_id",
+        "seed",
+        "global_step",
+        "eval_mean",
+        "eval_std",
+        "eval_episodes",
+        "eval_returns",
+        "wall_time_s",
+        "sps",
+        "peak_rss_mb",
+        "eval_capped_games",
+    ):
         assert key in s, key
     assert s["script"] == SCRIPT and s["global_step"] == 192 and s["eval_episodes"] == 1
-    for tag in ("charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
-                "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "eval/episodic_return", "eval/capped_games"):
+    for tag in (
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+        "eval/episodic_return",
+        "eval/capped_games",
+    ):
         assert scalars(base_run, tag), tag
     assert [step for step, _ in scalars(base_run, "losses/value_loss")] == [64, 128, 192]
-    assert [lr for _, lr in scalars(base_run, "charts/learning_rate")] == pytest.approx([2.5e-4 * (1 - k / 3) for k in range(3)])
+    assert [lr for _, lr in scalars(base_run, "charts/learning_rate")] == pytest.approx(
+        [2.5e-4 * (1 - k / 3) for k in range(3)]
+    )
     ckpt = torch.load(base_run / "checkpoints" / "latest.pt", weights_only=True)
-    assert ckpt["algo"] == "recurrent_ppo_atari" and ckpt["iteration"] == 3 and ckpt["schedule_steps"] == 192
-    assert ckpt["agent"]["lstm.weight_hh_l0"].shape == (128, 32) and ckpt["agent"]["network.0.weight"].shape[1] == 1
+    assert (
+        ckpt["algo"] == "recurrent_ppo_atari"
+        and ckpt["iteration"] == 3
+        and ckpt["schedule_steps"] == 192
+    )
+    assert (
+        ckpt["agent"]["lstm.weight_hh_l0"].shape == (128, 32)
+        and ckpt["agent"]["network.0.weight"].shape[1] == 1
+    )
     assert set(ckpt["rng"]) == {"torch", "minibatch"}
 
 
 @pytest.mark.slow
 def test_same_seed_same_metrics_other_seed_differs(base_run, tmp_path):
     check_ok(run_script(SCRIPT, *TINY, "--total-steps", "192", "--run-dir", str(tmp_path / "b")))
-    for tag in ("losses/value_loss", "losses/policy_loss", "losses/entropy", "charts/episodic_return"):
+    for tag in (
+        "losses/value_loss",
+        "losses/policy_loss",
+        "losses/entropy",
+        "charts/episodic_return",
+    ):
         assert scalars(base_run, tag) == scalars(tmp_path / "b", tag), tag
     assert summary(base_run)["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
-    check_ok(run_script(SCRIPT, *TINY, "--total-steps", "64", "--seed", "2", "--run-dir", str(tmp_path / "c")))
-    assert scalars(base_run, "losses/value_loss")[0] != scalars(tmp_path / "c", "losses/value_loss")[0]
+    check_ok(
+        run_script(
+            SCRIPT, *TINY, "--total-steps", "64", "--seed", "2", "--run-dir", str(tmp_path / "c")
+        )
+    )
+    assert (
+        scalars(base_run, "losses/value_loss")[0] != scalars(tmp_path / "c", "losses/value_loss")[0]
+    )
 
 
 @pytest.mark.slow
 def test_eval_only_repeats_the_final_evaluation_with_video(base_run, restore_signals):
-    check_eval_only_after_move(base_run, lambda path: rppo.train(rppo.Args(eval_only=True, checkpoint=path, eval_episodes=1,
-                                                                            capture_video=True)), 1)
+    check_eval_only_after_move(
+        base_run,
+        lambda path: rppo.train(
+            rppo.Args(eval_only=True, checkpoint=path, eval_episodes=1, capture_video=True)
+        ),
+        1,
+    )
     result = json.loads((base_run.parent / "moved" / "eval.json").read_text())
     assert result["eval_capped_games"] == 0 and result["video_return"] >= 0
     assert list((base_run.parent / "moved" / "videos").glob("*.mp4"))
@@ -474,16 +752,35 @@ def test_eval_only_repeats_the_final_evaluation_with_video(base_run, restore_sig
 @pytest.mark.slow
 def test_copied_alone_runs_v5_with_frame_stack_and_video(tmp_path):
     script = copy_alone(SCRIPT, tmp_path / "alone")
-    proc = run_script(script, *TINY, "--env-id", "ALE/Breakout-v5", "--frame-stack", "4", "--total-steps", "64",
-                      "--capture-video", cwd=tmp_path / "alone")
+    proc = run_script(
+        script,
+        *TINY,
+        "--env-id",
+        "ALE/Breakout-v5",
+        "--frame-stack",
+        "4",
+        "--total-steps",
+        "64",
+        "--capture-video",
+        cwd=tmp_path / "alone",
+    )
     check_ok(proc)
     (run_dir,) = (tmp_path / "alone" / "runs").iterdir()
     assert run_dir.name.startswith("ALE-Breakout-v5__recurrent_ppo_atari__1__")
     assert json.loads((run_dir / "config.json").read_text())["repeat_action_probability"] == 0.25
-    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["agent"]["network.0.weight"].shape[1] == 4
+    assert (
+        torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["agent"][
+            "network.0.weight"
+        ].shape[1]
+        == 4
+    )
     assert list((run_dir / "videos").glob("*.mp4"))
 
 
 @pytest.mark.slow
 def test_cli_error_is_one_line():
-    check_error(run_script(SCRIPT, "--num-envs", "2", "--seq-len", "48"), "recurrent_ppo_atari.py: error:", "--seq-len 48 does not divide")
+    check_error(
+        run_script(SCRIPT, "--num-envs", "2", "--seq-len", "48"),
+        "recurrent_ppo_atari.py: error:",
+        "--seq-len 48 does not divide",
+    )

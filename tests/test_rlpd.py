@@ -23,8 +23,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import (ALGOS, check_error, check_eval_only_after_move, check_ok, copy_alone, run_script, scalars,
-                      sigterm_on_call, summary)
+from conftest import (
+    ALGOS,
+    check_error,
+    check_eval_only_after_move,
+    check_ok,
+    copy_alone,
+    run_script,
+    scalars,
+    sigterm_on_call,
+    summary,
+)
 from minari.data_collector import EpisodeBuffer
 
 from benchmark import datasets as maker
@@ -34,8 +43,16 @@ rlpd = importlib.util.module_from_spec(spec)
 sys.modules["rlpd"] = rlpd  # dataclasses look the module up while @dataclass runs
 spec.loader.exec_module(rlpd)
 
-TINY = dict(total_steps=150, learning_starts=100, utd_ratio=2, hidden_dim=16, batch_size=16, eval_episodes=1,
-            eval_interval=0, checkpoint_interval=0)
+TINY = dict(
+    total_steps=150,
+    learning_starts=100,
+    utd_ratio=2,
+    hidden_dim=16,
+    batch_size=16,
+    eval_episodes=1,
+    eval_interval=0,
+    checkpoint_interval=0,
+)
 DATASET_ID = "pendulum/noisy-v0"
 
 
@@ -43,7 +60,9 @@ DATASET_ID = "pendulum/noisy-v0"
 def datasets_root(tmp_path_factory) -> Path:
     """A Pendulum dataset made by the maker: 2 noisy-expert episodes of 200 steps."""
     root = tmp_path_factory.mktemp("minari")
-    maker.make_dataset(maker.Args(env_id="Pendulum-v1", dataset_id=DATASET_ID, episodes=2, noise=0.5, root=root))
+    maker.make_dataset(
+        maker.Args(env_id="Pendulum-v1", dataset_id=DATASET_ID, episodes=2, noise=0.5, root=root)
+    )
     return root
 
 
@@ -56,12 +75,22 @@ def pendulum_spaces():
 def test_batched_ensemble_equals_ten_separate_critics():
     torch.manual_seed(0)
     critic = rlpd.EnsembleCritic(10, 5, 8)
-    with torch.no_grad():  # per-critic LayerNorm gains and biases that differ, so mixing them up shows
+    with (
+        torch.no_grad()
+    ):  # per-critic LayerNorm gains and biases that differ, so mixing them up shows
         for p in (*critic.ln_gains, *critic.ln_biases, *critic.biases):
             p.add_(torch.randn_like(p))
     separate = []
     for e in range(10):
-        net = nn.Sequential(nn.Linear(5, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 1))
+        net = nn.Sequential(
+            nn.Linear(5, 8),
+            nn.LayerNorm(8),
+            nn.ReLU(),
+            nn.Linear(8, 8),
+            nn.LayerNorm(8),
+            nn.ReLU(),
+            nn.Linear(8, 1),
+        )
         with torch.no_grad():
             for layer, i in zip((net[0], net[3], net[6]), range(3)):
                 layer.weight.copy_(critic.weights[i][e].T)
@@ -109,7 +138,9 @@ def test_target_is_the_minimum_of_two_distinct_random_critics():
         assert len(set(pair)) == 2
         torch.testing.assert_close(y, all_q[list(pair)].min(0).values)
         pairs.append(pair)
-    assert set(pairs) == set(itertools.combinations(range(10), 2))  # drawn anew: every pair turns up
+    assert set(pairs) == set(
+        itertools.combinations(range(10), 2)
+    )  # drawn anew: every pair turns up
 
 
 def test_target_hand_computed_with_entropy_and_mask():
@@ -119,22 +150,36 @@ def test_target_hand_computed_with_entropy_and_mask():
     with torch.no_grad():
         critic.weights[2].zero_()
         critic.biases[2].copy_(torch.arange(1.0, 11.0).view(10, 1, 1))
-    batch = {"next_obs": torch.randn(3, 3), "rewards": torch.tensor([1.0, 2.0, 3.0]), "terminated": torch.tensor([0.0, 1.0, 0.0])}
+    batch = {
+        "next_obs": torch.randn(3, 3),
+        "rewards": torch.tensor([1.0, 2.0, 3.0]),
+        "terminated": torch.tensor([0.0, 1.0, 0.0]),
+    }
     log_prob = torch.tensor([0.5, 0.5, -1.0])
     y = rlpd.soft_q_target(critic, batch, torch.zeros(3, 1), log_prob, torch.tensor(0.2), 0.9, 10)
     torch.testing.assert_close(y, torch.tensor([1 + 0.9 * (1 - 0.1), 2.0, 3 + 0.9 * (1 + 0.2)]))
-    y2 = rlpd.soft_q_target(critic, batch, torch.zeros(3, 1), torch.zeros(3), torch.tensor(0.0), 1.0, 2)
-    assert (y2 - batch["rewards"])[0].item() in range(1, 10)  # a pair's minimum: never the largest, 10
+    y2 = rlpd.soft_q_target(
+        critic, batch, torch.zeros(3, 1), torch.zeros(3), torch.tensor(0.0), 1.0, 2
+    )
+    assert (y2 - batch["rewards"])[0].item() in range(
+        1, 10
+    )  # a pair's minimum: never the largest, 10
 
 
 def test_tanh_gaussian_log_prob_matches_torch_distributions():
     torch.manual_seed(0)
     # float64, so that the reference's atanh(tanh(x)) round trip stays exact
-    mean, log_std = torch.randn(64, 3, dtype=torch.float64), torch.randn(64, 3, dtype=torch.float64).clamp(-2, 1)
+    mean, log_std = (
+        torch.randn(64, 3, dtype=torch.float64),
+        torch.randn(64, 3, dtype=torch.float64).clamp(-2, 1),
+    )
     x = mean + log_std.exp() * torch.randn(64, 3, dtype=torch.float64)
-    dist = torch.distributions.TransformedDistribution(torch.distributions.Normal(mean, log_std.exp()),
-                                                       torch.distributions.TanhTransform())
-    torch.testing.assert_close(rlpd.tanh_gaussian_log_prob(x, mean, log_std), dist.log_prob(torch.tanh(x)).sum(-1))
+    dist = torch.distributions.TransformedDistribution(
+        torch.distributions.Normal(mean, log_std.exp()), torch.distributions.TanhTransform()
+    )
+    torch.testing.assert_close(
+        rlpd.tanh_gaussian_log_prob(x, mean, log_std), dist.log_prob(torch.tanh(x)).sum(-1)
+    )
     far = torch.full((1, 1), 30.0)  # tanh rounds to 1 there; the stable form stays finite
     assert torch.isfinite(rlpd.tanh_gaussian_log_prob(far, far, torch.zeros(1, 1))).all()
 
@@ -144,10 +189,18 @@ def test_update_round_counts_and_temperature_direction():
     temperature step; alpha falls when the entropy is above the target."""
     torch.manual_seed(0)
     agent = rlpd.Agent(3, 1, 16, 10)
-    optimizers = {"actor": torch.optim.Adam(agent.actor.parameters()), "critic": torch.optim.Adam(agent.critic.parameters()),
-                  "alpha": torch.optim.Adam([agent.log_alpha])}
-    batches = {"obs": torch.randn(3, 8, 3), "actions": torch.rand(3, 8, 1), "rewards": torch.randn(3, 8),
-               "next_obs": torch.randn(3, 8, 3), "terminated": torch.zeros(3, 8)}
+    optimizers = {
+        "actor": torch.optim.Adam(agent.actor.parameters()),
+        "critic": torch.optim.Adam(agent.critic.parameters()),
+        "alpha": torch.optim.Adam([agent.log_alpha]),
+    }
+    batches = {
+        "obs": torch.randn(3, 8, 3),
+        "actions": torch.rand(3, 8, 1),
+        "rewards": torch.randn(3, 8),
+        "next_obs": torch.randn(3, 8, 3),
+        "terminated": torch.zeros(3, 8),
+    }
     target_before = agent.target_critic.weights[0].clone()
     losses = rlpd.update(agent, optimizers, batches, 0.99, 0.5, 2, target_entropy=-100.0)
     steps = {name: next(iter(o.state.values()))["step"].item() for name, o in optimizers.items()}
@@ -156,86 +209,145 @@ def test_update_round_counts_and_temperature_direction():
     # three lerps with tau = 0.5 towards a moving critic: the target moved, but is not the critic
     assert not torch.equal(agent.target_critic.weights[0], target_before)
     assert not torch.equal(agent.target_critic.weights[0], agent.critic.weights[0])
-    assert set(losses) == {"critic_loss", "q_values", "actor_loss", "alpha", "alpha_loss", "entropy"}
+    assert set(losses) == {
+        "critic_loss",
+        "q_values",
+        "actor_loss",
+        "alpha",
+        "alpha_loss",
+        "entropy",
+    }
 
 
 # ---------------------------------------------------------------- symmetric sampling
 def filled(rows: int, reward: float, offset: float) -> rlpd.ReplayBuffer:
     index = np.arange(rows, dtype=np.float32)
-    return rlpd.ReplayBuffer.holding({"obs": np.stack([index + offset] * 3, 1), "actions": np.zeros((rows, 1)),
-                                      "rewards": np.full(rows, reward), "next_obs": np.stack([index + offset + 1] * 3, 1),
-                                      "terminated": np.zeros(rows)})
+    return rlpd.ReplayBuffer.holding(
+        {
+            "obs": np.stack([index + offset] * 3, 1),
+            "actions": np.zeros((rows, 1)),
+            "rewards": np.full(rows, reward),
+            "next_obs": np.stack([index + offset + 1] * 3, 1),
+            "terminated": np.zeros(rows),
+        }
+    )
 
 
 @pytest.mark.parametrize("ratio, n_offline", [(0.5, 5), (0.3, 3), (1.0, 10), (0.0, 0)])
 def test_each_minibatch_holds_the_ratio_of_prior_data_to_the_sample(ratio, n_offline):
     offline, online = filled(50, 1.0, 1000.0), filled(30, -1.0, 0.0)
-    batches = rlpd.sample_mixed(offline, online, 4, 10, ratio, np.random.default_rng(0), torch.device("cpu"))
+    batches = rlpd.sample_mixed(
+        offline, online, 4, 10, ratio, np.random.default_rng(0), torch.device("cpu")
+    )
     assert batches["obs"].shape == (4, 10, 3) and batches["rewards"].shape == (4, 10)
     for i in range(4):  # every minibatch of the round, row by row
         assert batches["rewards"][i].tolist() == [1.0] * n_offline + [-1.0] * (10 - n_offline)
         from_offline = batches["obs"][i, :, 0] >= 1000
         assert from_offline.tolist() == [True] * n_offline + [False] * (10 - n_offline)
-        torch.testing.assert_close(batches["next_obs"][i], batches["obs"][i] + 1)  # whole rows, not mixed fields
+        torch.testing.assert_close(
+            batches["next_obs"][i], batches["obs"][i] + 1
+        )  # whole rows, not mixed fields
 
 
 def test_without_prior_data_batches_are_online():
-    batches = rlpd.sample_mixed(None, filled(30, -1.0, 0.0), 2, 6, 0.0, np.random.default_rng(0), torch.device("cpu"))
+    batches = rlpd.sample_mixed(
+        None, filled(30, -1.0, 0.0), 2, 6, 0.0, np.random.default_rng(0), torch.device("cpu")
+    )
     assert batches["rewards"].eq(-1).all()
 
 
 # ---------------------------------------------------------------- Minari conversion
-def write_dataset(root: Path, dataset_id: str, episodes: list[dict], env_id: str = "Pendulum-v1") -> Path:
+def write_dataset(
+    root: Path, dataset_id: str, episodes: list[dict], env_id: str = "Pendulum-v1"
+) -> Path:
     """A Minari dataset of hand-made episodes, written with Minari itself (not the maker)."""
     saved = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(root)
     try:
-        with warnings.catch_warnings():  # Minari warns about every optional metadata field left empty
+        with (
+            warnings.catch_warnings()
+        ):  # Minari warns about every optional metadata field left empty
             warnings.simplefilter("ignore", UserWarning)
-            minari.create_dataset_from_buffers(dataset_id, [EpisodeBuffer(id=i, **ep) for i, ep in enumerate(episodes)], env=env_id)
+            minari.create_dataset_from_buffers(
+                dataset_id, [EpisodeBuffer(id=i, **ep) for i, ep in enumerate(episodes)], env=env_id
+            )
     finally:
-        os.environ.pop("MINARI_DATASETS_PATH") if saved is None else os.environ.update(MINARI_DATASETS_PATH=saved)
+        os.environ.pop("MINARI_DATASETS_PATH") if saved is None else os.environ.update(
+            MINARI_DATASETS_PATH=saved
+        )
     return root / dataset_id
 
 
 def episode(length: int, start: float, terminated: bool) -> dict:
     """obs[t] = (start + t, 0, 0); actions sweep the env's [-2, 2]; the last step terminates or truncates."""
     end = [False] * (length - 1) + [True]
-    return {"observations": np.array([[start + t, 0.0, 0.0] for t in range(length + 1)], np.float32),
-            "actions": np.linspace(-2.0, 2.0, length, dtype=np.float32).reshape(length, 1),
-            "rewards": np.arange(length, dtype=np.float64) + start,
-            "terminations": np.array(end if terminated else [False] * length),
-            "truncations": np.array([False] * length if terminated else end)}
+    return {
+        "observations": np.array([[start + t, 0.0, 0.0] for t in range(length + 1)], np.float32),
+        "actions": np.linspace(-2.0, 2.0, length, dtype=np.float32).reshape(length, 1),
+        "rewards": np.arange(length, dtype=np.float64) + start,
+        "terminations": np.array(end if terminated else [False] * length),
+        "truncations": np.array([False] * length if terminated else end),
+    }
 
 
 def load(path_or_id: str, by: str = "path", env_id: str = "Pendulum-v1"):
     env = gym.make(env_id)
-    args = rlpd.Args(env_id=env_id, **({"dataset_path": path_or_id} if by == "path" else {"dataset_id": path_or_id}))
+    args = rlpd.Args(
+        env_id=env_id,
+        **({"dataset_path": path_or_id} if by == "path" else {"dataset_id": path_or_id}),
+    )
     return rlpd.load_prior_data(args, env.observation_space, env.action_space)
 
 
 def test_conversion_keeps_terminations_and_truncations_apart(tmp_path, monkeypatch):
-    folder = write_dataset(tmp_path, "hand/mixed-v0", [episode(3, 0.0, terminated=True), episode(4, 10.0, terminated=False)])
+    folder = write_dataset(
+        tmp_path,
+        "hand/mixed-v0",
+        [episode(3, 0.0, terminated=True), episode(4, 10.0, terminated=False)],
+    )
     data = load(str(folder))
-    assert data["terminated"].tolist() == [0, 0, 1, 0, 0, 0, 0]  # the truncated episode's end bootstraps
+    assert data["terminated"].tolist() == [
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+        0,
+    ]  # the truncated episode's end bootstraps
     assert data["obs"][:, 0].tolist() == [0, 1, 2, 10, 11, 12, 13]
-    assert data["next_obs"][:, 0].tolist() == [1, 2, 3, 11, 12, 13, 14]  # the real final observations, no crossing
+    assert data["next_obs"][:, 0].tolist() == [
+        1,
+        2,
+        3,
+        11,
+        12,
+        13,
+        14,
+    ]  # the real final observations, no crossing
     assert data["rewards"].tolist() == [0, 1, 2, 10, 11, 12, 13]
     lim = 1 - 1e-5  # env actions [-2, 2] -> [-1, 1], the ends clipped inside tanh's range
-    np.testing.assert_allclose(data["actions"][:, 0], [-lim, 0, lim, -lim, -1 / 3, 1 / 3, lim], rtol=1e-6)
+    np.testing.assert_allclose(
+        data["actions"][:, 0], [-lim, 0, lim, -lim, -1 / 3, 1 / 3, lim], rtol=1e-6
+    )
     assert all(v.dtype == np.float32 for v in data.values())
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))  # the same dataset by id
     np.testing.assert_array_equal(load("hand/mixed-v0", by="id")["next_obs"], data["next_obs"])
-    np.testing.assert_array_equal(load(str(folder / "data"))["obs"], data["obs"])  # the data/ folder also works
+    np.testing.assert_array_equal(
+        load(str(folder / "data"))["obs"], data["obs"]
+    )  # the data/ folder also works
 
 
-@pytest.mark.parametrize("case, fragment", [
-    ("wrong spaces", "but MountainCarContinuous-v0 has"),
-    ("nan observation", "NaN or infinite values in its obs"),
-    ("infinite reward", "NaN or infinite values in its rewards"),
-    ("empty", "has no episodes"),
-    ("missing", "cannot load dataset"),
-])
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        ("wrong spaces", "but MountainCarContinuous-v0 has"),
+        ("nan observation", "NaN or infinite values in its obs"),
+        ("infinite reward", "NaN or infinite values in its rewards"),
+        ("empty", "has no episodes"),
+        ("missing", "cannot load dataset"),
+    ],
+)
 def test_bad_datasets_are_refused_in_one_line(tmp_path, case, fragment):
     good = episode(3, 0.0, terminated=True)
     env_id = "MountainCarContinuous-v0" if case == "wrong spaces" else "Pendulum-v1"
@@ -244,7 +356,11 @@ def test_bad_datasets_are_refused_in_one_line(tmp_path, case, fragment):
     elif case == "infinite reward":
         good["rewards"][1] = np.inf
     episodes = [] if case == "empty" else [good]
-    folder = tmp_path / "nowhere" if case == "missing" else write_dataset(tmp_path, "bad/case-v0", episodes)
+    folder = (
+        tmp_path / "nowhere"
+        if case == "missing"
+        else write_dataset(tmp_path, "bad/case-v0", episodes)
+    )
     with pytest.raises(SystemExit, match=fragment) as e:
         load(str(folder), env_id=env_id)
     assert str(e.value).startswith("rlpd.py: error: dataset") or case == "missing"
@@ -257,9 +373,19 @@ def tiny_run(tmp_path_factory, datasets_root) -> Path:
     """In process, with two pretraining rounds: 150 env steps, updates from step 100."""
     run = tmp_path_factory.mktemp("rlpd") / "run"
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    rlpd.train(rlpd.Args(dataset_path=str(datasets_root / DATASET_ID), pretrain_steps=2, seed=3, run_dir=str(run),
-                         **{**TINY, "eval_interval": 100}))
-    for sig, handler in saved.items():  # train installed its stop handlers; give pytest its own back
+    rlpd.train(
+        rlpd.Args(
+            dataset_path=str(datasets_root / DATASET_ID),
+            pretrain_steps=2,
+            seed=3,
+            run_dir=str(run),
+            **{**TINY, "eval_interval": 100},
+        )
+    )
+    for (
+        sig,
+        handler,
+    ) in saved.items():  # train installed its stop handlers; give pytest its own back
         signal.signal(sig, handler)
     return run
 
@@ -270,30 +396,66 @@ def agent_state(run: Path) -> dict:
 
 def test_tiny_run_outputs(tiny_run):
     s = summary(tiny_run)
-    assert (s["script"], s["algo"], s["global_step"], s["eval_episodes"], s["seed"]) == ("rlpd.py", "rlpd", 150, 1, 3)
+    assert (s["script"], s["algo"], s["global_step"], s["eval_episodes"], s["seed"]) == (
+        "rlpd.py",
+        "rlpd",
+        150,
+        1,
+        3,
+    )
     assert json.loads((tiny_run / "config.json").read_text())["offline_transitions"] == 400
     ckpt = agent_state(tiny_run)
     assert ckpt["offline_data"]["size"] == 400 and ckpt["replay_buffer"]["size"] == 150
-    assert ckpt["num_updates"] == 2 * 2 + 50 * 2 and ckpt["pretrain_done"] == 2  # (pretrain + online rounds) * utd
-    assert [step for step, _ in scalars(tiny_run, "pretrain/critic_loss")] == [0]  # the last round, at step 0
+    assert (
+        ckpt["num_updates"] == 2 * 2 + 50 * 2 and ckpt["pretrain_done"] == 2
+    )  # (pretrain + online rounds) * utd
+    assert [step for step, _ in scalars(tiny_run, "pretrain/critic_loss")] == [
+        0
+    ]  # the last round, at step 0
     assert [step for step, _ in scalars(tiny_run, "pretrain/eval_return")] == [0]
     assert [step for step, _ in scalars(tiny_run, "eval/episodic_return")] == [100, 150]
-    assert [step for step, _ in scalars(tiny_run, "losses/critic_loss")] == [100]  # logged once updates run
-    assert scalars(tiny_run, "charts/episodic_return") == []  # no 200-step episode ends within 150 steps
+    assert [step for step, _ in scalars(tiny_run, "losses/critic_loss")] == [
+        100
+    ]  # logged once updates run
+    assert (
+        scalars(tiny_run, "charts/episodic_return") == []
+    )  # no 200-step episode ends within 150 steps
     assert [step for step, _ in scalars(tiny_run, "charts/SPS")] == [150]
 
 
 def test_eval_only_after_move(tiny_run):
-    check_eval_only_after_move(tiny_run, lambda c: rlpd.train(rlpd.Args(eval_only=True, checkpoint=c, eval_episodes=1)), seed=3)
+    check_eval_only_after_move(
+        tiny_run,
+        lambda c: rlpd.train(rlpd.Args(eval_only=True, checkpoint=c, eval_episodes=1)),
+        seed=3,
+    )
 
 
 @pytest.mark.slow
 def test_maker_dataset_trains_in_a_copied_file(tmp_path, datasets_root):
     """The file alone in an empty folder, its dataset found by id through MINARI_DATASETS_PATH."""
     script = copy_alone("rlpd.py", tmp_path)
-    check_ok(run_script(script, "--dataset-id", DATASET_ID, "--total-steps", "120", "--learning-starts", "100",
-                        "--utd-ratio", "2", "--hidden-dim", "16", "--batch-size", "16", "--eval-episodes", "1",
-                        cwd=tmp_path, env={"MINARI_DATASETS_PATH": str(datasets_root)}))
+    check_ok(
+        run_script(
+            script,
+            "--dataset-id",
+            DATASET_ID,
+            "--total-steps",
+            "120",
+            "--learning-starts",
+            "100",
+            "--utd-ratio",
+            "2",
+            "--hidden-dim",
+            "16",
+            "--batch-size",
+            "16",
+            "--eval-episodes",
+            "1",
+            cwd=tmp_path,
+            env={"MINARI_DATASETS_PATH": str(datasets_root)},
+        )
+    )
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("Pendulum-v1__rlpd__1__")
     assert summary(run_dir)["global_step"] == 120 and summary(run_dir)["num_updates"] == 40
@@ -309,14 +471,24 @@ def test_resume_continues_with_the_same_first_update(tmp_path, datasets_root, re
     rlpd.train(rlpd.Args(**{**flags, "total_steps": 120}, run_dir=str(tmp_path / "split")))
     first = agent_state(tmp_path / "split")
     shutil.rmtree(dataset)
-    rlpd.train(rlpd.Args(**{**flags, "total_steps": 121}, resume=str(tmp_path / "split" / "checkpoints" / "latest.pt")))
+    rlpd.train(
+        rlpd.Args(
+            **{**flags, "total_steps": 121},
+            resume=str(tmp_path / "split" / "checkpoints" / "latest.pt"),
+        )
+    )
     straight, resumed = agent_state(tmp_path / "straight"), agent_state(tmp_path / "split")
     assert resumed["global_step"] == 121 and resumed["num_updates"] == first["num_updates"] + 2
     for key in straight["agent"]:
         torch.testing.assert_close(resumed["agent"][key], straight["agent"][key], rtol=0, atol=0)
-    assert resumed["optimizers"]["critic"]["state"][0]["step"] == straight["optimizers"]["critic"]["state"][0]["step"]
+    assert (
+        resumed["optimizers"]["critic"]["state"][0]["step"]
+        == straight["optimizers"]["critic"]["state"][0]["step"]
+    )
     for name in rlpd.ReplayBuffer.FIELDS:
-        torch.testing.assert_close(resumed["replay_buffer"][name][:120], first["replay_buffer"][name])
+        torch.testing.assert_close(
+            resumed["replay_buffer"][name][:120], first["replay_buffer"][name]
+        )
         torch.testing.assert_close(resumed["offline_data"][name], first["offline_data"][name])
 
 
@@ -328,19 +500,27 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, datasets_root, restore_
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
     assert summary(tmp_path / "a")["eval_returns"] == summary(tmp_path / "b")["eval_returns"]
-    assert scalars(tmp_path / "a", "losses/critic_loss") == scalars(tmp_path / "b", "losses/critic_loss")
+    assert scalars(tmp_path / "a", "losses/critic_loss") == scalars(
+        tmp_path / "b", "losses/critic_loss"
+    )
     assert not torch.equal(a["critic.weights.1"], c["critic.weights.1"])  # the seed matters
     assert summary(tmp_path / "a")["eval_returns"] != summary(tmp_path / "c")["eval_returns"]
 
 
-def test_signal_during_pretraining_then_resume_equals_an_uninterrupted_run(tmp_path, datasets_root, monkeypatch,
-                                                                              restore_signals):
+def test_signal_during_pretraining_then_resume_equals_an_uninterrupted_run(
+    tmp_path, datasets_root, monkeypatch, restore_signals
+):
     """SIGTERM in the 3rd of 5 pretraining rounds: a checkpoint at step 0 with 3 rounds done, no
     summary; the resume finishes pretraining and the run, identical to one never stopped (the envs
     restart from the same seed at step 0). No online update: learning starts after the last step.
     The 450 steps hold two 200-step episodes, and the two autoreset steps after them are not stored."""
-    flags = {**TINY, "dataset_path": str(datasets_root / DATASET_ID), "pretrain_steps": 5, "total_steps": 450,
-             "learning_starts": 1000}
+    flags = {
+        **TINY,
+        "dataset_path": str(datasets_root / DATASET_ID),
+        "pretrain_steps": 5,
+        "total_steps": 450,
+        "learning_starts": 1000,
+    }
     rlpd.train(rlpd.Args(**flags, run_dir=str(tmp_path / "straight")))
     real_update = rlpd.update
     signalling, calls = sigterm_on_call(3, real_update)
@@ -356,11 +536,21 @@ def test_signal_during_pretraining_then_resume_equals_an_uninterrupted_run(tmp_p
     for key in straight["agent"]:
         torch.testing.assert_close(resumed["agent"][key], straight["agent"][key], rtol=0, atol=0)
     for name in rlpd.ReplayBuffer.FIELDS:
-        torch.testing.assert_close(resumed["replay_buffer"][name], straight["replay_buffer"][name], rtol=0, atol=0)
-    assert summary(tmp_path / "split")["eval_returns"] == summary(tmp_path / "straight")["eval_returns"]
+        torch.testing.assert_close(
+            resumed["replay_buffer"][name], straight["replay_buffer"][name], rtol=0, atol=0
+        )
+    assert (
+        summary(tmp_path / "split")["eval_returns"]
+        == summary(tmp_path / "straight")["eval_returns"]
+    )
     assert straight["replay_buffer"]["size"] == 450 - 2
-    assert (straight["replay_buffer"]["rewards"] < 0).all()  # an autoreset row would hold Gymnasium's reward 0
-    assert [step for step, _ in scalars(tmp_path / "straight", "charts/episodic_length")] == [200, 401]
+    assert (
+        straight["replay_buffer"]["rewards"] < 0
+    ).all()  # an autoreset row would hold Gymnasium's reward 0
+    assert [step for step, _ in scalars(tmp_path / "straight", "charts/episodic_length")] == [
+        200,
+        401,
+    ]
 
 
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch, restore_signals):
@@ -375,42 +565,54 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch, r
     monkeypatch.setattr(rlpd, "update", nan_update)
     run = tmp_path / "run"
     with pytest.raises(SystemExit, match="non-finite loss at step 100"):
-        rlpd.train(rlpd.Args(**{**TINY, "offline_ratio": 0.0, "checkpoint_interval": 50}, run_dir=str(run)))
+        rlpd.train(
+            rlpd.Args(**{**TINY, "offline_ratio": 0.0, "checkpoint_interval": 50}, run_dir=str(run))
+        )
     ckpt = agent_state(run)
-    assert (ckpt["global_step"], ckpt["num_updates"]) == (100, 0) and not (run / "summary.json").exists()
+    assert (ckpt["global_step"], ckpt["num_updates"]) == (100, 0) and not (
+        run / "summary.json"
+    ).exists()
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("flags, fragment", [
-    ({}, "--offline-ratio > 0 needs prior data"),
-    ({"offline_ratio": 1.5}, "--offline-ratio must be in [0, 1], got 1.5"),
-    ({"dataset_id": "a-v0", "dataset_path": "b"}, "one of --dataset-id and --dataset-path"),
-    ({"offline_ratio": 0.0, "dataset_path": "b"}, "--offline-ratio 0 uses no prior data"),
-    ({"offline_ratio": 0.0, "pretrain_steps": 10}, "--pretrain-steps trains on prior data"),
-    ({"dataset_path": "b", "pretrain_steps": -1}, "--pretrain-steps must be non-negative"),
-    ({"offline_ratio": 0.0, "utd_ratio": 0}, "--utd-ratio"),
-    ({"offline_ratio": 0.0, "num_min_qs": 11}, "--num-min-qs must be between 1 and --num-qs"),
-    ({"offline_ratio": 0.0, "num_min_qs": 0}, "--num-min-qs"),
-    ({"offline_ratio": 0.0, "batch_size": 0}, "--batch-size"),
-    ({"offline_ratio": 0.0, "buffer_size": 0}, "--buffer-size"),
-    ({"offline_ratio": 0.0, "hidden_dim": 0}, "--hidden-dim"),
-    ({"offline_ratio": 0.0, "learning_rate": 0.0}, "--learning-rate"),
-    ({"offline_ratio": 0.0, "tau": 0.0}, "--tau"),
-    ({"offline_ratio": 0.0, "gamma": 1.5}, "--gamma"),
-    ({"offline_ratio": 0.0, "init_temperature": 0.0}, "--init-temperature"),
-    ({"offline_ratio": 0.0, "learning_starts": -1}, "--learning-starts"),
-    ({"offline_ratio": 0.0, "num_envs": 0}, "--num-envs"),
-    ({"offline_ratio": 0.0, "eval_only": True}, "--checkpoint"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({}, "--offline-ratio > 0 needs prior data"),
+        ({"offline_ratio": 1.5}, "--offline-ratio must be in [0, 1], got 1.5"),
+        ({"dataset_id": "a-v0", "dataset_path": "b"}, "one of --dataset-id and --dataset-path"),
+        ({"offline_ratio": 0.0, "dataset_path": "b"}, "--offline-ratio 0 uses no prior data"),
+        ({"offline_ratio": 0.0, "pretrain_steps": 10}, "--pretrain-steps trains on prior data"),
+        ({"dataset_path": "b", "pretrain_steps": -1}, "--pretrain-steps must be non-negative"),
+        ({"offline_ratio": 0.0, "utd_ratio": 0}, "--utd-ratio"),
+        ({"offline_ratio": 0.0, "num_min_qs": 11}, "--num-min-qs must be between 1 and --num-qs"),
+        ({"offline_ratio": 0.0, "num_min_qs": 0}, "--num-min-qs"),
+        ({"offline_ratio": 0.0, "batch_size": 0}, "--batch-size"),
+        ({"offline_ratio": 0.0, "buffer_size": 0}, "--buffer-size"),
+        ({"offline_ratio": 0.0, "hidden_dim": 0}, "--hidden-dim"),
+        ({"offline_ratio": 0.0, "learning_rate": 0.0}, "--learning-rate"),
+        ({"offline_ratio": 0.0, "tau": 0.0}, "--tau"),
+        ({"offline_ratio": 0.0, "gamma": 1.5}, "--gamma"),
+        ({"offline_ratio": 0.0, "init_temperature": 0.0}, "--init-temperature"),
+        ({"offline_ratio": 0.0, "learning_starts": -1}, "--learning-starts"),
+        ({"offline_ratio": 0.0, "num_envs": 0}, "--num-envs"),
+        ({"offline_ratio": 0.0, "eval_only": True}, "--checkpoint"),
+    ],
+)
 def test_bad_hyperparameters(flags, fragment, tmp_path):
     with pytest.raises(SystemExit, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         rlpd.train(rlpd.Args(run_dir=str(tmp_path / "r"), **flags))
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("env_id, fragment", [
-    ("CartPole-v1", "ppg.py"), ("CarRacing-v3", "ppo_atari.py"), ("NoSuchEnv-v0", "cannot make environment"),
-])
+@pytest.mark.parametrize(
+    "env_id, fragment",
+    [
+        ("CartPole-v1", "ppg.py"),
+        ("CarRacing-v3", "ppo_atari.py"),
+        ("NoSuchEnv-v0", "cannot make environment"),
+    ],
+)
 def test_unsupported_env_refused(env_id, fragment):
     with pytest.raises(SystemExit, match=fragment) as e:
         rlpd.make_env(env_id)
@@ -420,10 +622,15 @@ def test_unsupported_env_refused(env_id, fragment):
 def test_resume_refuses_other_data_flags(tiny_run, tmp_path, datasets_root):
     good = str(tiny_run / "checkpoints" / "latest.pt")
     same = {**TINY, "dataset_path": str(datasets_root / DATASET_ID), "pretrain_steps": 2, "seed": 3}
-    cases = [({"dataset_path": "elsewhere"}, "--dataset-path"), ({"offline_ratio": 0.25}, "--offline-ratio 0.5"),
-             ({"pretrain_steps": 0}, "--pretrain-steps 2"), ({"num_qs": 5, "num_min_qs": 2}, "--num-qs 10"),
-             ({"hidden_dim": 32}, "--hidden-dim 16"), ({"total_steps": 149}, "below the checkpoint's step 150"),
-             ({"env_id": "MountainCarContinuous-v0"}, "is for Pendulum-v1")]
+    cases = [
+        ({"dataset_path": "elsewhere"}, "--dataset-path"),
+        ({"offline_ratio": 0.25}, "--offline-ratio 0.5"),
+        ({"pretrain_steps": 0}, "--pretrain-steps 2"),
+        ({"num_qs": 5, "num_min_qs": 2}, "--num-qs 10"),
+        ({"hidden_dim": 32}, "--hidden-dim 16"),
+        ({"total_steps": 149}, "below the checkpoint's step 150"),
+        ({"env_id": "MountainCarContinuous-v0"}, "is for Pendulum-v1"),
+    ]
     for flags, fragment in cases:
         with pytest.raises(SystemExit, match=fragment):
             rlpd.train(rlpd.Args(**{**same, **flags}, resume=good, run_dir=str(tmp_path / "r")))
@@ -433,7 +640,14 @@ def test_resume_refuses_other_data_flags(tiny_run, tmp_path, datasets_root):
 @pytest.mark.slow
 def test_bad_input_cli_is_one_line(tmp_path):
     """Through the command line: one stderr line, no traceback, nothing written."""
-    check_error(run_script("rlpd.py", "--run-dir", str(tmp_path / "a")), "rlpd.py: error", "--dataset-id")
-    check_error(run_script("rlpd.py", "--dataset-path", str(tmp_path / "none"), "--run-dir", str(tmp_path / "b")),
-                "rlpd.py: error", "cannot load dataset")
+    check_error(
+        run_script("rlpd.py", "--run-dir", str(tmp_path / "a")), "rlpd.py: error", "--dataset-id"
+    )
+    check_error(
+        run_script(
+            "rlpd.py", "--dataset-path", str(tmp_path / "none"), "--run-dir", str(tmp_path / "b")
+        ),
+        "rlpd.py: error",
+        "cannot load dataset",
+    )
     assert not list(tmp_path.iterdir())

@@ -13,7 +13,7 @@ of states where mu_j is past 0.99. Without a floor, P_11 = L_11^2 has a single t
 once l_11 drifts far below 0, A stops depending on u_1, and mu_1 gets no gradient.
 
 Usage (from the repository root):
-    python results/issue13-ablations/naf_heads.py runs/<run>/checkpoints/latest.pt [more checkpoints]
+    python results/naf-ablations/naf_heads.py runs/<run>/checkpoints/latest.pt [more checkpoints]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ first such step, the mean forward speed (qvel[0], m/s) and the share of action c
 |u| > 0.95 of the bound.
 
 Usage (from the repository root):
-    python results/issue13-ablations/gait.py runs/<run>/checkpoints/latest.pt [more checkpoints]
+    python results/naf-ablations/gait.py runs/<run>/checkpoints/latest.pt [more checkpoints]
 """
 
 from __future__ import annotations

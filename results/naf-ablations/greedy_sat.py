@@ -7,7 +7,7 @@ component is at its bound (|u| > 0.99 in [-1, 1] units) and, for naf, the median
 of each component (tanh' < 0.01 past 3).
 
 Usage (from the repository root):
-    python results/issue13-ablations/greedy_sat.py runs/<run>/checkpoints/latest.pt [more] [logs/td3/Hopper-v5_1/Hopper-v5.zip]
+    python results/naf-ablations/greedy_sat.py runs/<run>/checkpoints/latest.pt [more] [logs/td3/Hopper-v5_1/Hopper-v5.zip]
 """
 
 from __future__ import annotations
