@@ -1,6 +1,7 @@
-"""`python -m benchmark {smoke,full,datasets,report,readme,compare,dqn-memory,ensemble-speed}`: run the zoo (building
+"""`python -m benchmark {smoke,full,datasets,report,readme,compare,sizes,dqn-memory,ensemble-speed}`: run the zoo (building
 the datasets its presets read first), only build those datasets, report on a sweep, compare two
-sweeps, and measure dqn_atari's replay memory."""
+sweeps, measure the algorithm files against their size budgets, and measure dqn_atari's replay
+memory."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from .runner import (
     write_atomic,
     write_json,
 )
+from .sizes import report as report_sizes
 
 
 @dataclass
@@ -49,6 +51,16 @@ class Common:
     """Where the algorithm files named by the presets live."""
     runs_dir: Path = Path("runs/benchmark")
     """Raw run folders go to <runs-dir>/<sweep>/<preset>/seed<k>/."""
+
+
+@dataclass
+class Sizes:
+    """Each algorithm file's size against its CleanRL counterpart and its budgets."""
+
+    algos_dir: Path = Path("algos")
+    """The algorithm files to measure."""
+    check: bool = False
+    """Exit 1 when a file breaks a budget."""
 
 
 @dataclass
@@ -386,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "report": Report,
             "readme": Readme,
             "compare": Compare,
+            "sizes": Sizes,
             "dqn-memory": DqnMemory,
             "ensemble-speed": EnsembleSpeed,
         },
@@ -405,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             return rebuild_report(command)
         if isinstance(command, Compare):
             return run_compare(command)
+        if isinstance(command, Sizes):
+            return report_sizes(command.algos_dir, command.check)
         if isinstance(command, DqnMemory):
             measure(command.capacity, command.script)
             return 0

@@ -53,8 +53,15 @@ def load_committed(out_dir: Path) -> dict[str, Any]:
     return {"meta": meta, "manifest": manifest, "records": records}
 
 
+def _measured(records: list[dict[str, Any]], key: str) -> list[float]:
+    """Each run's `key`: the runner's measurement (wall time, peak memory), else the run's own
+    summary.json's (sps; records written before the runner measured memory kept it there)."""
+    values = [r[key] if r.get(key) is not None else r["summary"].get(key) for r in records]
+    return [v for v in values if isinstance(v, (int, float))]
+
+
 def _mean(records: list[dict[str, Any]], key: str) -> float | None:
-    values = [r["summary"][key] for r in records if isinstance(r["summary"].get(key), (int, float))]
+    values = _measured(records, key)
     return float(np.mean(values)) if values else None
 
 
@@ -129,7 +136,7 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
         "normalised": _normalised(preset, scores),
         "sps_mean": _mean(ok, "sps"),
         "wall_time_s_mean": _mean(ok, "wall_time_s"),
-        "peak_rss_mb_max": max((r["summary"]["peak_rss_mb"] for r in ok), default=None),
+        "peak_rss_mb_max": max(_measured(ok, "peak_rss_mb"), default=None),
         "dataset": preset.dataset.command(preset.env_id) if preset.dataset else None,
     }
 

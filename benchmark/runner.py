@@ -45,6 +45,7 @@ from typing import Any
 from .aggregate import crossing_step
 from .manifest import ArgValue, Dataset, Mode, Preset, ZooError, is_number
 
+# What a run reports about itself; its wall time and peak memory the runner measures (execute).
 SUMMARY_KEYS = (
     "script",
     "env_id",
@@ -53,9 +54,7 @@ SUMMARY_KEYS = (
     "eval_mean",
     "eval_std",
     "eval_episodes",
-    "wall_time_s",
     "sps",
-    "peak_rss_mb",
 )
 LOG_NAME, RECORD_NAME, MANIFEST_NAME = "benchmark.log", "run.json", "manifest.json"
 # In a run dir: the code and host of each attempt that trained it (a resumed run spans several).
@@ -70,15 +69,36 @@ KILL_GRACE_S = 30.0
 POLL_S = 2.0  # how often a running run's log is read for its progress line
 # The algorithms' progress line: "step 1,200/20,000 | ...".
 PROGRESS_LINE = re.compile(rb"step ([\d,]+)/([\d,]+) \|")
-# Started between the runner and the algorithm: on Linux, the run gets SIGTERM (checkpoint and
-# exit) when the thread that started it dies, so a killed runner or Ray worker leaves no training
-# process behind (runs have their own session for the time limit's group kill, which takes them
-# out of reach of the clean-up of Ray and of the terminal).
-LAUNCHER = (
-    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-    "os.getppid() == int(sys.argv[1]) or sys.exit('benchmark: the runner exited before the run started'); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
-)
+# Started between the runner and the algorithm (Linux): the run gets SIGTERM (checkpoint and exit)
+# when the thread that started it dies, so a killed runner or Ray worker leaves no training process
+# behind (runs have their own session for the time limit's group kill, which takes them out of
+# reach of the clean-up of Ray and of the terminal). The launcher forks the run from itself, a
+# small process, and reaps it with os.wait4: the run's peak memory is then its own, not the
+# runner's that a fork from the runner would count, and goes to the file named by argv[2]. The
+# group's signals reach the run directly, so the launcher ignores them; its own parent's death
+# reaches it as SIGUSR1, which it passes on as SIGTERM.
+LAUNCHER = """
+import ctypes, os, signal, sys
+prctl = ctypes.CDLL(None).prctl
+prctl(1, signal.SIGUSR1)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("benchmark: the runner exited before the run started")
+pid = os.fork()
+if pid == 0:
+    prctl(1, signal.SIGTERM)
+    os.execv(sys.executable, [sys.executable, *sys.argv[3:]])
+signal.signal(signal.SIGUSR1, lambda *_: os.kill(pid, signal.SIGTERM))
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[2], "w") as out:
+    out.write(str(usage.ru_maxrss / 1024))
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -332,6 +352,16 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _peak_memory(path: Path) -> float | None:
+    """The launcher's measurement of the run's peak resident memory in MB, if it made one."""
+    try:
+        return round(float(path.read_text()), 1)
+    except (OSError, ValueError):
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def log_progress(log_path: Path) -> tuple[int, int] | None:
     """(step, total) of the last progress line in the end of a run's log, if any."""
     try:
@@ -370,11 +400,10 @@ def execute(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    launch = (
-        [sys.executable, "-c", LAUNCHER, str(os.getpid())]
-        if sys.platform == "linux"
-        else [sys.executable]
-    )
+    peak_file = log_path.with_name(f".{log_path.name}.peak_mb")
+    launch = [sys.executable]
+    if sys.platform == "linux":
+        launch = [sys.executable, "-c", LAUNCHER, str(os.getpid()), str(peak_file)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "ab") as log:
@@ -412,6 +441,7 @@ def execute(
         "returncode": proc.returncode,
         "timed_out": timed_out,
         "wall_time_s": round(time.monotonic() - start, 2),
+        "peak_rss_mb": _peak_memory(peak_file),
         "timeout_s": timeout_s,
     }
 

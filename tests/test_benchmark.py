@@ -28,7 +28,7 @@ from benchmark.__main__ import main
 from benchmark.backends import Machine, Storage
 from benchmark.manifest import ZooError, load_zoo, tomllib
 from benchmark.progress import Progress
-from benchmark.runner import build_datasets, plan_jobs
+from benchmark.runner import build_datasets, execute, plan_jobs
 
 ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 
@@ -109,8 +109,8 @@ FAKE = textwrap.dedent("""
     (run / "summary.json").write_text(json.dumps({
         "script": "fake.py", "algo": "fake", "env_id": args.env_id, "seed": args.seed, "start_step": start,
         "global_step": args.total_steps, "eval_mean": final, "eval_std": 0.0,
-        "eval_episodes": args.eval_episodes, "eval_returns": [final], "wall_time_s": 0.5,
-        "sps": 1000.0 + args.seed, "peak_rss_mb": 50.0 + args.seed, "began": began, "ended": time.time()}))
+        "eval_episodes": args.eval_episodes, "eval_returns": [final],
+        "sps": 1000.0 + args.seed, "began": began, "ended": time.time()}))
 """)
 
 
@@ -963,7 +963,9 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
         [200, 101.5],
     ]
     assert hit["sample_efficiency"]["eval_from_step"] == 100
-    assert (hit["sps_mean"], hit["peak_rss_mb_max"]) == (1001.5, 52.0)
+    assert hit["sps_mean"] == 1001.5  # from the runs' summary.json
+    peaks = [r["peak_rss_mb"] for r in results["runs"] if r["preset"] == "hit"]
+    assert hit["peak_rss_mb_max"] == max(peaks) > 0  # measured by the runner
     assert hit["references"][0]["score"] == "414.7 +- 28.1"
     assert "python -m benchmark full" in results["commands"][0]
     assert json.loads((results_dir / "latest").read_text()) == {"sweep": "f"}
@@ -1530,3 +1532,24 @@ def test_ensemble_speed_bad_input(tmp_path: Path, capsys):
         assert (
             err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1
         ), err
+
+
+def test_execute_measures_wall_time_and_peak_memory(tmp_path):
+    """A run reports neither its wall time nor its peak memory: the runner measures both from
+    outside, the memory from the reaped process's resource usage (os.wait4)."""
+    script = tmp_path / "hold.py"
+    script.write_text("import time\nblock = b'x' * (300 << 20)\ntime.sleep(0.5)\n")
+    result = execute([str(script)], tmp_path, tmp_path / "hold.log", 120, 1)
+    assert result["returncode"] == 0 and not result["timed_out"]
+    assert 300 <= result["peak_rss_mb"] < 450, result
+    assert 0.5 <= result["wall_time_s"] < 60
+    small = execute(["-c", "pass"], tmp_path, tmp_path / "small.log", 120, 1)
+    assert small["peak_rss_mb"] < 100, small
+
+
+def test_execute_measures_a_run_stopped_at_its_time_limit(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nblock = b'x' * (200 << 20)\ntime.sleep(600)\n")
+    result = execute([str(script)], tmp_path, tmp_path / "hang.log", 3, 1)
+    assert result["timed_out"] and result["returncode"] == -15  # SIGTERM ended it
+    assert 200 <= result["peak_rss_mb"] < 350 and result["wall_time_s"] < 30
