@@ -75,9 +75,8 @@ def pendulum_spaces():
 def test_batched_ensemble_equals_ten_separate_critics():
     torch.manual_seed(0)
     critic = rlpd.EnsembleCritic(10, 5, 8)
-    with (
-        torch.no_grad()
-    ):  # per-critic LayerNorm gains and biases that differ, so mixing them up shows
+    # per-critic LayerNorm gains and biases that differ, so mixing them up shows
+    with torch.no_grad():
         for p in (*critic.ln_gains, *critic.ln_biases, *critic.biases):
             p.add_(torch.randn_like(p))
     separate = []
@@ -125,22 +124,21 @@ def test_target_is_the_minimum_of_two_distinct_random_critics():
     critic = RecordingCritic(10, 4, 16)
     critic.calls = []
     batch = {"next_obs": torch.randn(8, 3), "rewards": torch.zeros(8), "terminated": torch.zeros(8)}
-    next_u, zero = torch.rand(8, 1) * 2 - 1, torch.zeros(8)
+    next_actions, zero = torch.rand(8, 1) * 2 - 1, torch.zeros(8)
     with torch.no_grad():
-        all_q = critic(batch["next_obs"], next_u)
+        all_q = critic(batch["next_obs"], next_actions)
     pairs = []
     for _ in range(400):
         critic.calls = []
         with torch.no_grad():
-            y = rlpd.soft_q_target(critic, batch, next_u, zero, torch.tensor(0.0), 1.0, 2)
+            y = rlpd.soft_q_target(critic, batch, next_actions, zero, torch.tensor(0.0), 1.0, 2)
         (members,) = critic.calls
         pair = tuple(sorted(members.tolist()))
         assert len(set(pair)) == 2
         torch.testing.assert_close(y, all_q[list(pair)].min(0).values)
         pairs.append(pair)
-    assert set(pairs) == set(
-        itertools.combinations(range(10), 2)
-    )  # drawn anew: every pair turns up
+    # drawn anew: every pair turns up
+    assert set(pairs) == set(itertools.combinations(range(10), 2))
 
 
 def test_target_hand_computed_with_entropy_and_mask():
@@ -161,9 +159,8 @@ def test_target_hand_computed_with_entropy_and_mask():
     y2 = rlpd.soft_q_target(
         critic, batch, torch.zeros(3, 1), torch.zeros(3), torch.tensor(0.0), 1.0, 2
     )
-    assert (y2 - batch["rewards"])[0].item() in range(
-        1, 10
-    )  # a pair's minimum: never the largest, 10
+    # a pair's minimum: never the largest, 10
+    assert (y2 - batch["rewards"])[0].item() in range(1, 10)
 
 
 def test_tanh_gaussian_log_prob_matches_torch_distributions():
@@ -244,9 +241,8 @@ def test_each_minibatch_holds_the_ratio_of_prior_data_to_the_sample(ratio, n_off
         assert batches["rewards"][i].tolist() == [1.0] * n_offline + [-1.0] * (10 - n_offline)
         from_offline = batches["obs"][i, :, 0] >= 1000
         assert from_offline.tolist() == [True] * n_offline + [False] * (10 - n_offline)
-        torch.testing.assert_close(
-            batches["next_obs"][i], batches["obs"][i] + 1
-        )  # whole rows, not mixed fields
+        # whole rows, not mixed fields
+        torch.testing.assert_close(batches["next_obs"][i], batches["obs"][i] + 1)
 
 
 def test_without_prior_data_batches_are_online():
@@ -264,17 +260,17 @@ def write_dataset(
     saved = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(root)
     try:
-        with (
-            warnings.catch_warnings()
-        ):  # Minari warns about every optional metadata field left empty
+        # Minari warns about every optional metadata field left empty
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             minari.create_dataset_from_buffers(
                 dataset_id, [EpisodeBuffer(id=i, **ep) for i, ep in enumerate(episodes)], env=env_id
             )
     finally:
-        os.environ.pop("MINARI_DATASETS_PATH") if saved is None else os.environ.update(
-            MINARI_DATASETS_PATH=saved
-        )
+        if saved is None:
+            os.environ.pop("MINARI_DATASETS_PATH")
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = saved
     return root / dataset_id
 
 
@@ -306,36 +302,22 @@ def test_conversion_keeps_terminations_and_truncations_apart(tmp_path, monkeypat
         [episode(3, 0.0, terminated=True), episode(4, 10.0, terminated=False)],
     )
     data = load(str(folder))
-    assert data["terminated"].tolist() == [
-        0,
-        0,
-        1,
-        0,
-        0,
-        0,
-        0,
-    ]  # the truncated episode's end bootstraps
+    # the truncated episode's end bootstraps
+    assert data["terminated"].tolist() == [0, 0, 1, 0, 0, 0, 0]
     assert data["obs"][:, 0].tolist() == [0, 1, 2, 10, 11, 12, 13]
-    assert data["next_obs"][:, 0].tolist() == [
-        1,
-        2,
-        3,
-        11,
-        12,
-        13,
-        14,
-    ]  # the real final observations, no crossing
+    # the real final observations, no crossing
+    assert data["next_obs"][:, 0].tolist() == [1, 2, 3, 11, 12, 13, 14]
     assert data["rewards"].tolist() == [0, 1, 2, 10, 11, 12, 13]
-    lim = 1 - 1e-5  # env actions [-2, 2] -> [-1, 1], the ends clipped inside tanh's range
+    # env actions [-2, 2] -> [-1, 1], the ends clipped inside tanh's range
+    lim = 1 - 1e-5
     np.testing.assert_allclose(
         data["actions"][:, 0], [-lim, 0, lim, -lim, -1 / 3, 1 / 3, lim], rtol=1e-6
     )
     assert all(v.dtype == np.float32 for v in data.values())
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))  # the same dataset by id
     np.testing.assert_array_equal(load("hand/mixed-v0", by="id")["next_obs"], data["next_obs"])
-    np.testing.assert_array_equal(
-        load(str(folder / "data"))["obs"], data["obs"]
-    )  # the data/ folder also works
+    # the data/ folder also works
+    np.testing.assert_array_equal(load(str(folder / "data"))["obs"], data["obs"])
 
 
 @pytest.mark.parametrize(
@@ -382,10 +364,8 @@ def tiny_run(tmp_path_factory, datasets_root) -> Path:
             **{**TINY, "eval_interval": 100},
         )
     )
-    for (
-        sig,
-        handler,
-    ) in saved.items():  # train installed its stop handlers; give pytest its own back
+    # train installed its stop handlers; give pytest its own back
+    for sig, handler in saved.items():
         signal.signal(sig, handler)
     return run
 
@@ -406,20 +386,16 @@ def test_tiny_run_outputs(tiny_run):
     assert json.loads((tiny_run / "config.json").read_text())["offline_transitions"] == 400
     ckpt = agent_state(tiny_run)
     assert ckpt["offline_data"]["size"] == 400 and ckpt["replay_buffer"]["size"] == 150
-    assert (
-        ckpt["num_updates"] == 2 * 2 + 50 * 2 and ckpt["pretrain_done"] == 2
-    )  # (pretrain + online rounds) * utd
-    assert [step for step, _ in scalars(tiny_run, "pretrain/critic_loss")] == [
-        0
-    ]  # the last round, at step 0
+    # (pretrain + online rounds) * utd
+    assert ckpt["num_updates"] == 2 * 2 + 50 * 2 and ckpt["pretrain_done"] == 2
+    # the last round, at step 0
+    assert [step for step, _ in scalars(tiny_run, "pretrain/critic_loss")] == [0]
     assert [step for step, _ in scalars(tiny_run, "pretrain/eval_return")] == [0]
     assert [step for step, _ in scalars(tiny_run, "eval/episodic_return")] == [100, 150]
-    assert [step for step, _ in scalars(tiny_run, "losses/critic_loss")] == [
-        100
-    ]  # logged once updates run
-    assert (
-        scalars(tiny_run, "charts/episodic_return") == []
-    )  # no 200-step episode ends within 150 steps
+    # logged once updates run
+    assert [step for step, _ in scalars(tiny_run, "losses/critic_loss")] == [100]
+    # no 200-step episode ends within 150 steps
+    assert scalars(tiny_run, "charts/episodic_return") == []
     assert [step for step, _ in scalars(tiny_run, "charts/SPS")] == [150]
 
 
@@ -503,7 +479,8 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, datasets_root, restore_
     assert scalars(tmp_path / "a", "losses/critic_loss") == scalars(
         tmp_path / "b", "losses/critic_loss"
     )
-    assert not torch.equal(a["critic.weights.1"], c["critic.weights.1"])  # the seed matters
+    # the seed matters
+    assert not torch.equal(a["critic.weights.1"], c["critic.weights.1"])
     assert summary(tmp_path / "a")["eval_returns"] != summary(tmp_path / "c")["eval_returns"]
 
 
@@ -544,9 +521,8 @@ def test_signal_during_pretraining_then_resume_equals_an_uninterrupted_run(
         == summary(tmp_path / "straight")["eval_returns"]
     )
     assert straight["replay_buffer"]["size"] == 450 - 2
-    assert (
-        straight["replay_buffer"]["rewards"] < 0
-    ).all()  # an autoreset row would hold Gymnasium's reward 0
+    # an autoreset row would hold Gymnasium's reward 0
+    assert (straight["replay_buffer"]["rewards"] < 0).all()
     assert [step for step, _ in scalars(tmp_path / "straight", "charts/episodic_length")] == [
         200,
         401,
@@ -558,8 +534,8 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch, r
     one line; the checkpoint saved at step 100, before that update, stays and no summary.json is written."""
     real_update = rlpd.update
 
-    def nan_update(*args):
-        losses = real_update(*args)
+    def nan_update(*args, **kwargs):
+        losses = real_update(*args, **kwargs)
         return {**losses, "critic_loss": losses["critic_loss"] * float("nan")}
 
     monkeypatch.setattr(rlpd, "update", nan_update)
@@ -569,9 +545,8 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch, r
             rlpd.Args(**{**TINY, "offline_ratio": 0.0, "checkpoint_interval": 50}, run_dir=str(run))
         )
     ckpt = agent_state(run)
-    assert (ckpt["global_step"], ckpt["num_updates"]) == (100, 0) and not (
-        run / "summary.json"
-    ).exists()
+    assert (ckpt["global_step"], ckpt["num_updates"]) == (100, 0)
+    assert not (run / "summary.json").exists()
 
 
 # ---------------------------------------------------------------- bad input
@@ -580,7 +555,7 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch, r
     [
         ({}, "--offline-ratio > 0 needs prior data"),
         ({"offline_ratio": 1.5}, "--offline-ratio must be in [0, 1], got 1.5"),
-        ({"dataset_id": "a-v0", "dataset_path": "b"}, "one of --dataset-id and --dataset-path"),
+        ({"dataset_id": "a-v0", "dataset_path": "b"}, "--dataset-id or --dataset-path, not both"),
         ({"offline_ratio": 0.0, "dataset_path": "b"}, "--offline-ratio 0 uses no prior data"),
         ({"offline_ratio": 0.0, "pretrain_steps": 10}, "--pretrain-steps trains on prior data"),
         ({"dataset_path": "b", "pretrain_steps": -1}, "--pretrain-steps must be non-negative"),
@@ -628,7 +603,7 @@ def test_resume_refuses_other_data_flags(tiny_run, tmp_path, datasets_root):
         ({"pretrain_steps": 0}, "--pretrain-steps 2"),
         ({"num_qs": 5, "num_min_qs": 2}, "--num-qs 10"),
         ({"hidden_dim": 32}, "--hidden-dim 16"),
-        ({"total_steps": 149}, "below the checkpoint's step 150"),
+        ({"total_steps": 149}, "below the checkpoint's step; pass 150+"),
         ({"env_id": "MountainCarContinuous-v0"}, "is for Pendulum-v1"),
     ]
     for flags, fragment in cases:
