@@ -3,7 +3,9 @@ truncations, clipped ratios), its on-policy reduction to bootstrapped returns, G
 by hand, update() against the plain minibatch loop, the rollout's NEXT_STEP handling and truncation
 bootstrap on a counting env, the seqlock, resume equivalence and determinism in synchronous mode, the
 actor processes (a tiny job with lag and dropped rollouts, actors ignoring SIGINT/SIGTERM, a killed actor,
-an actor's error, SIGTERM to the learner; no process left behind in any case), and bad input."""
+an actor's error, SIGTERM to the learner; no process left behind in any case), the separate
+policy-gradient truncation --pg-rho-bar, batches with one valid row or none, the learning-rate
+horizon kept on resume, and bad input."""
 
 from __future__ import annotations
 
@@ -74,9 +76,10 @@ def random_rollout(T=9, N=6, seed=0, p_done=0.25):
     )
 
 
-def vtrace_by_definition(d, gamma, lam, rho_bar, c_bar):
+def vtrace_by_definition(d, gamma, lam, rho_bar, c_bar, pg_rho_bar):
     """The paper's n-step definition (Eq. 1), v_s = V(x_s) + sum_t gamma^(t-s) (prod_{i<t} c_i) delta_t up to the
-    episode's end or the rollout's last step, and A_s = rho_s (r_s + gamma v_{s+1} - V(x_s)), one number at a time."""
+    episode's end or the rollout's last step, and A_s = min(pg_rho_bar, ratio_s) (r_s + gamma v_{s+1} - V(x_s)),
+    one number at a time."""
     T, N = d["rewards"].shape
     v_s, adv = np.zeros((T, N)), np.zeros((T, N))
     for i in range(N):
@@ -97,16 +100,23 @@ def vtrace_by_definition(d, gamma, lam, rho_bar, c_bar):
             v_s[s, i] = V[s] + total
         for s in range(T):
             v_next = V_next[s] if d["dones"][s, i] or s == T - 1 else v_s[s + 1, i]
-            adv[s, i] = rho[s] * (float(d["rewards"][s, i]) + gamma * v_next - V[s])
+            adv[s, i] = min(pg_rho_bar, ratio[s]) * (
+                float(d["rewards"][s, i]) + gamma * v_next - V[s]
+            )
     return v_s, adv
 
 
 # ---------------------------------------------------------------- V-trace, GAE, loss
 @pytest.mark.parametrize(
-    "gamma, lam, rho_bar, c_bar",
-    [(0.99, 1.0, 1.0, 1.0), (0.9, 0.8, 2.0, 0.5), (0.97, 1.0, 1.5, 1.5)],
+    "gamma, lam, rho_bar, c_bar, pg_rho_bar",
+    [
+        (0.99, 1.0, 1.0, 1.0, 1.0),
+        (0.9, 0.8, 2.0, 0.5, 2.0),
+        (0.97, 1.0, 1.5, 1.5, 1.5),
+        (0.9, 0.8, 2.0, 0.5, 1.0),  # the references' separate policy-gradient threshold
+    ],
 )
-def test_vtrace_matches_the_papers_sum(gamma, lam, rho_bar, c_bar):
+def test_vtrace_matches_the_papers_sum(gamma, lam, rho_bar, c_bar, pg_rho_bar):
     for seed in range(3):
         d = random_rollout(seed=seed)
         assert (d["log_rho"].exp() > max(rho_bar, c_bar)).any() and (
@@ -124,8 +134,9 @@ def test_vtrace_matches_the_papers_sum(gamma, lam, rho_bar, c_bar):
             lam,
             rho_bar,
             c_bar,
+            pg_rho_bar,
         )
-        ref_v, ref_adv = vtrace_by_definition(d, gamma, lam, rho_bar, c_bar)
+        ref_v, ref_adv = vtrace_by_definition(d, gamma, lam, rho_bar, c_bar, pg_rho_bar)
         np.testing.assert_allclose(v_s.numpy(), ref_v, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-10, atol=1e-10)
 
@@ -447,6 +458,66 @@ def test_nonfinite_loss_stops_in_one_line(tmp_path, restore_signals, monkeypatch
     assert "\n" not in str(e.value) and not (tmp_path / "run" / "summary.json").exists()
 
 
+def test_pg_rho_bar_truncates_only_the_policy_advantage():
+    """--pg-rho-bar (IMPALA's clip_pg_rho_threshold) bounds the advantage's weight min(pg_rho_bar, pi/mu)
+    alone: the value targets keep rho_bar, and prepare_batch passes the flag through."""
+    d = random_rollout(seed=5)
+    steps = [d[k] for k in ("rewards", "values", "next_values", "terminated", "dones")]
+    v_1, adv_1 = appo.vtrace(d["log_rho"], *steps, 0.9, 0.8, rho_bar=2.0, c_bar=1.0, pg_rho_bar=1.0)
+    v_2, adv_2 = appo.vtrace(d["log_rho"], *steps, 0.9, 0.8, rho_bar=2.0, c_bar=1.0, pg_rho_bar=2.0)
+    ratio = d["log_rho"].exp()
+    torch.testing.assert_close(v_1, v_2)
+    torch.testing.assert_close(adv_1 * ratio.clamp(max=2.0), adv_2 * ratio.clamp(max=1.0))
+    assert not torch.allclose(adv_1, adv_2) and appo.Args().pg_rho_bar == 1.0
+
+    agent, T, N = CountingAgent(), 4, 3
+    rollout = appo.new_rollout(T, N, 2)
+    g = torch.Generator().manual_seed(0)
+    rollout["obs"].uniform_(0, 3, generator=g)
+    rollout["rewards"].uniform_(-1, 1, generator=g)
+    rollout["valid"][:] = True
+    rollout["logprobs"] = torch.log(torch.rand(T, N, generator=g))  # pi = 0.5: ratios 0.5 to large
+    adv = {
+        bar: appo.prepare_batch(agent, rollout, appo.Args(rho_bar=4.0, pg_rho_bar=bar))[0][
+            "advantages"
+        ]
+        for bar in (1.0, 4.0)
+    }
+    assert not torch.allclose(adv[1.0], adv[4.0])
+
+
+def test_batch_with_one_valid_row_or_none_trains(tmp_path, restore_signals):
+    """--num-envs 1 --num-steps 1: each batch holds one valid row (its advantage has no std, so it is
+    not normalised) or, right after an episode end, none (that rollout trains nothing and counts as
+    dropped); the run finishes instead of stopping at a NaN advantage."""
+    run_dir = tmp_path / "run"
+    run(run_dir, num_envs=1, num_steps=1, num_minibatches=1, total_steps=64)
+    s, episodes = summary(run_dir), len(scalars(run_dir, "charts/episodic_return"))
+    assert s["global_step"] == 64 and s["updates"] + s["dropped_rollouts"] == 64
+    assert 1 <= s["dropped_rollouts"] <= episodes
+    assert all(math.isfinite(v) for _, v in scalars(run_dir, "losses/policy_loss"))
+
+
+def test_resume_keeps_the_lr_schedule_and_refuses_to_run_past_it(tmp_path, restore_signals):
+    """The anneal's horizon is the first run's --total-steps, kept in the checkpoint: a longer
+    resume is refused in one line until --schedule-steps re-plans it or --no-anneal-lr drops it."""
+    run_dir = tmp_path / "run"
+    ckpt = str(run_dir / "checkpoints" / "latest.pt")
+    run(run_dir, total_steps=512)
+    with pytest.raises(SystemExit, match="pass --schedule-steps 1024 or --no-anneal-lr") as e:
+        run(run_dir, total_steps=1024, resume=ckpt)
+    assert "\n" not in str(e.value) and load(run_dir)["global_step"] == 512
+    assert load(run_dir)["schedule_steps"] == 512
+    run(run_dir, total_steps=1024, resume=ckpt, schedule_steps=1024)
+    assert load(run_dir)["schedule_steps"] == 1024
+    run(run_dir, total_steps=1280, resume=ckpt, anneal_lr=False)
+    lrs = scalars(run_dir, "charts/learning_rate")
+    assert [step for step, _ in lrs] == list(range(128, 1281, 128))
+    assert lrs[3][1] == pytest.approx(1e-3 * (1 - 384 / 512))  # the first run's schedule
+    assert lrs[4][1] == pytest.approx(1e-3 * (1 - 512 / 1024))  # re-planned at the resume
+    assert lrs[8][1] == lrs[9][1] == pytest.approx(1e-3)  # --no-anneal-lr
+
+
 # ---------------------------------------------------------------- command line
 @pytest.mark.slow
 def test_tiny_run_outputs_and_no_vtrace(tmp_path):
@@ -474,9 +545,7 @@ def test_tiny_run_outputs_and_no_vtrace(tmp_path):
         "eval_mean",
         "eval_std",
         "eval_episodes",
-        "wall_time_s",
         "sps",
-        "peak_rss_mb",
         "updates",
         "dropped_rollouts",
         "policy_lag_mean",
@@ -694,7 +763,7 @@ def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path, start
     children |= watch(proc, timeout=60)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert "interrupted: checkpoint saved" in out and not (run_dir / "summary.json").exists()
+    assert "interrupted: continue with --resume" in out and not (run_dir / "summary.json").exists()
     assert torch.load(ckpt, weights_only=True)["global_step"] >= 256
     check_none_left(children)
 
@@ -705,14 +774,14 @@ def test_sigterm_during_async_run_checkpoints_and_leaves_nothing(tmp_path, start
     [
         (
             "CarRacing-v3",
-            "image observations (96, 96, 3); appo.py needs flat ones, use ppo_atari.py",
+            "CarRacing-v3 has image observations; use ppo_atari.py",
         ),
         # Unregistered (ale_py not imported) or registered by another test in this worker: either way, ppo_atari.py.
         ("ALE/Pong-v5", "use ppo_atari.py"),
-        ("Pendulum-v1", "continuous actions; appo.py needs Discrete ones, use d4pg.py or naf.py"),
+        ("Pendulum-v1", "continuous actions; use d4pg.py or naf.py"),
         (
             "Blackjack-v1",
-            "Tuple observations and Discrete actions; appo.py needs flat Box observations",
+            "Tuple observations, Discrete actions; appo.py needs flat Box and Discrete ones",
         ),
         ("NoSuchEnv-v0", "cannot make environment 'NoSuchEnv-v0'"),
     ],
@@ -733,7 +802,7 @@ def test_unsupported_env_refused(env_id, fragment):
         ({"num_steps": 0}, "--num-steps"),
         (
             {"num_minibatches": 0},
-            "--num-minibatches must be between 1 and num-envs x num-steps = 512",
+            "--num-minibatches must be in [1, 512]",
         ),
         ({"num_actors": -1}, "--num-actors"),
         ({"max_policy_lag": -1}, "--max-policy-lag"),
@@ -745,9 +814,11 @@ def test_unsupported_env_refused(env_id, fragment):
         ({"clip_coef": -0.2}, "--clip-coef"),
         ({"ent_coef": -0.01}, "--ent-coef"),
         ({"target_kl": 0.0}, "--target-kl"),
+        ({"pg_rho_bar": 0.0}, "--pg-rho-bar"),
+        ({"schedule_steps": 0}, "--schedule-steps"),
         (
             {"total_steps": 100},
-            "--total-steps 100 is below one rollout (num-envs x num-steps = 512)",
+            "--total-steps is below one rollout (512 steps)",
         ),
     ],
 )
@@ -770,7 +841,7 @@ def test_bad_input_cli_is_one_line(tmp_path):
 
 def test_resume_refuses_other_network(tmp_path, restore_signals):
     run(tmp_path / "run", total_steps=128)
-    with pytest.raises(SystemExit, match="--hidden-dim 16, not 64; pass --hidden-dim 16"):
+    with pytest.raises(SystemExit, match="made with --hidden-dim 16; pass --hidden-dim 16"):
         appo.train(
             appo.Args(
                 **{**SMALL, "hidden_dim": 64},
