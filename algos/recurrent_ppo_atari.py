@@ -15,11 +15,12 @@ same h_t at training time as while acting, so training replays each stored seque
 network, in order, from the state the actor had when it played that sequence's first step.
 
 Equations (ppo_atari.py's, with the observation s_t replaced by the memory h_t):
-    h_t     = LSTM(CNN(o_t), (1 - start_t) h_{t-1})     start_t = 1 at an episode's first observation
+    h_t     = LSTM(CNN(o_t), (1 - start_t) h_{t-1})    start_t = 1 at an episode's first step
     delta_t = r_t + gamma (1 - term_t) V(h_{t+1}) - V(h_t)
     A_t     = delta_t + gamma lambda (1 - end_t) A_{t+1}                     (GAE, eq. 11-12)
-    L_clip  = E[ min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) ],  rho_t = pi(a_t|h_t) / pi_old(a_t|h_t)
-    loss    = -L_clip + c1 L_V - c2 H[pi]                                    (PPO eq. 9, L_V clipped)
+    rho_t   = pi(a_t | h_t) / pi_old(a_t | h_t)
+    L_clip  = E[ min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) ]         (PPO eq. 7)
+    loss    = -L_clip + c1 L_V - c2 H[pi]                               (PPO eq. 9, L_V clipped)
 
 Implementation details:
  1. Environments: ale_py's C++ `AtariVectorEnv`: up to 30 no-ops on reset, frame skip 4 with
@@ -34,25 +35,27 @@ Implementation details:
     - baselines (OpenAI baselines / CleanRL's EpisodicLife + FireReset, with which the published
       NoFrameskip-v4 scores were made): in games with FIRE, FIRE is pressed at reset and, as the
       next agent step, after each lost life; a lost life ends the GAE chain and is terminal for
-      learning. That forced step is not the policy's choice, so it is left out of the policy
-      loss (`acted` = 0; its value target still trains V); it is recorded as the action taken
-      (its log-probability too, so the replay of detail 7 still matches) and counts as an
-      agent step (one per life).
+      learning. The forced FIRE is recorded as the action taken (its log-probability too, so the
+      replay of detail 7 still matches) and counts as an agent step (one per life).
     - machado (Machado et al. 2018): no FIRE and no life signal; only a game over is terminal.
     Neither resets the game at a lost life, so the logged score and evaluation are whole games
     played under the same protocol. Time-limit truncation (`--max-episode-frames`) bootstraps
     from V(final observation), computed with one more LSTM step from the episode's own state
     (the state after its last step, before the reset).
- 4. Network: Nature CNN (orthogonal, gain sqrt 2) -> 512 ReLU -> LSTM(512 -> H) -> policy head
+ 4. Forced FIRE steps are not the policy's choice: `acted` = 0 leaves them out of every policy
+    term (clipped surrogate, entropy bonus, advantage normalisation, approx KL, clip fraction).
+    Their value targets still train V.
+ 5. Network: Nature CNN (orthogonal, gain sqrt 2) -> 512 ReLU -> LSTM(512 -> H) -> policy head
     (gain 0.01) and value head (gain 1); LSTM weights orthogonal (gain 1), biases 0, as CleanRL.
-    H = `--lstm-hidden-size` 128, as CleanRL's nn.LSTM(512, 128) and RL Zoo. H = 512 costs on
-    the CPU: a minibatch of 2 sequences makes each recurrent step a (2 x 512) @ (512 x 2048)
-    product that streams 4 MB of weights, and an update took 1.8x the CPU time of H = 128.
- 5. Episode starts: start_t = 1 where o_t opens a learning episode: a new game (after a game
+    H = `--hidden-dim` 128, as CleanRL's nn.LSTM(512, 128) and RL Zoo (H = 512 is much slower
+    on a CPU: results/recurrent_ppo_atari-measurements.md).
+ 6. Episode starts: start_t = 1 where o_t opens a learning episode: a new game (after a game
     over or a time-limit cut) or, under baselines only, the first frame after a lost life
     (under machado the memory runs through the whole game). Acting and training both zero
     (h, c) there, from the same stored flags, so memory never crosses an episode boundary.
- 6. Sequences: the state (h, c) entering every `--seq-len` L-th step is stored while acting;
+    With `--frame-stack` > 1 the stack forgets too: its frames from before a lost life are zeroed
+    (as at a new game), since EpisodicLife makes a lost life a `done` whose reset refills the stack.
+ 7. Sequences: the state (h, c) entering every `--seq-len` L-th step is stored while acting;
     training replays chunks of L steps of one env from their stored state (truncated BPTT, as
     sb3-contrib and Sample Factory). L = `--num-steps` (the default) gives CleanRL's
     whole-rollout sequences. A minibatch is a set of chunks: the N T / L chunks of a rollout are
@@ -60,35 +63,26 @@ Implementation details:
     stored states come from the acting weights (R2D2's "stored state"): in later epochs a chunk
     starts from a slightly stale state, the price of cutting sequences; the steps inside a chunk
     are recomputed with the current weights.
- 7. Training pass: the CNN runs once over every frame of a minibatch; nn.LSTM then runs once per
+ 8. Training pass: the CNN runs once over every frame of a minibatch; nn.LSTM then runs once per
     span of steps in which none of the minibatch's sequences starts an episode (one call per
     span: cuDNN's fused kernel on GPU), zeroing the starting sequences' state at each span's
     first step. Acting is the same forward with L = 1 over all envs (no loop over envs).
     Replaying a rollout with the acting weights gives the log-probabilities and values recorded
     while acting (tested), which is what makes the PPO ratio correct.
- 8. PPO as ppo_atari.py (CleanRL defaults): Adam eps 1e-5 (fused), 4 epochs, advantages
+ 9. PPO as ppo_atari.py (CleanRL defaults): Adam eps 1e-5 (fused), 4 epochs, advantages
     normalised per minibatch, clipped value loss, grad-norm 0.5, optional `--target-kl` early
     stop, channels_last convolutions; lr = 2.5e-4 (1 - step / S), with S = `--schedule-steps`,
-    by default the first run's steps, kept in the checkpoint: a resume continues the same
-    schedule, and extending an annealed run past S is refused (pass --schedule-steps to re-plan
-    it, or --no-anneal-lr) rather than training at lr 0 or making the rate jump up.
- 9. Evaluation as ppo_atari.py: the sampled policy (as the literature's PPO scores), full games
+    by default the first run's steps, kept in the checkpoint: extending an annealed run past S
+    is refused (re-plan S, or --no-anneal-lr) rather than training at lr 0 or jumping up.
+10. Evaluation as ppo_atari.py: the sampled policy (as the literature's PPO scores), full games
     on separate envs seeded seed + 10_000 + i, actions drawn on the CPU from evaluation's own
-    generator (evaluating never moves the training generators). The hidden state is carried
-    across steps and zeroed where training zeroes it (detail 5); FIRE is forced after a lost life
-    as in training (detail 3). `eval/capped_games` (`eval_capped_games` in summary.json and
-    eval.json) counts games cut by the frame limit. `--eval-only` takes env, network, seed, frame
-    limit, frame stack and protocol (auto for checkpoints older than --protocol) from the
-    checkpoint, so it repeats the run's final evaluation. `--capture-video` records one more
-    game (seed + 20_000) with gymnasium's AtariPreprocessing, frames stacked as the vector env
-    stacks them (zero padding), under the same protocol.
-10. Checkpoints: network, optimizer, iteration, the anneal horizon S and exactly the generators
-    drawn from: torch's default one (initialisation, actions; CUDA's on a GPU) and the minibatch
-    order's. Not the emulators: a resumed run restarts its games (seeded seed + step), and the
-    acting hidden states restart at zero with them (a fresh game is an episode start), so they
-    need no saving; the episodes in progress are lost. SIGINT/SIGTERM skip any evaluation still
-    due, save at the end of the iteration and exit 0 without summary.json (a second one kills).
-    --resume and --eval-only write into --run-dir, else the folder above checkpoints/.
+    generator. Memory, frame stack and FIRE follow training's protocol (details 3 and 6).
+    `eval/capped_games` counts games cut by the frame limit. `--eval-only` takes env, network,
+    seed, frame limit, frame stack and protocol from the checkpoint. `--capture-video` records
+    one more game with gymnasium's AtariPreprocessing, stacked as the vector env stacks frames.
+11. Checkpoints hold the network, optimizer, iteration, S and the generators drawn from (torch's
+    default one, the minibatch order's). Not the emulators: a resumed run restarts its games
+    (seeded seed + step) and the acting memory with them; the episodes in progress are lost.
 
 Usage: python recurrent_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
@@ -97,18 +91,19 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads sleep instead of spinning
+# before torch loads: idle OpenMP threads sleep instead of spinning
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import difflib
 import importlib.util
 import json
 import random
 import re
-import resource
 import signal
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -128,13 +123,13 @@ from torch.utils.tensorboard import SummaryWriter
 @dataclass
 class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
-    """`<Game>NoFrameskip-v4` (no sticky actions) or `ALE/<Game>-v5` (sticky actions 0.25)"""
+    """`<Game>NoFrameskip-v4` or `ALE/<Game>-v5` (sticky actions)"""
     protocol: Literal["auto", "baselines", "machado"] = "auto"
-    """FIRE after a lost life and lives terminal for learning (baselines) or neither (machado); auto: baselines for v4 ids (detail 3)"""
+    """life and FIRE protocol (detail 3); auto: baselines for v4 ids, machado for v5"""
     seed: int = 1
-    """seed of python, numpy, torch and the environments (--eval-only: the checkpoint's)"""
+    """seed of python, numpy, torch and the games"""
     total_steps: int = 10_000_000
-    """agent steps summed over environments (each is 4 frames); a resume keeps the run's lr schedule (--schedule-steps)"""
+    """agent steps summed over environments (4 frames each)"""
     num_envs: int = 8
     """parallel environments N"""
     torch_deterministic: bool = True
@@ -146,32 +141,32 @@ class Args:
     run_dir: str | None = None
     """output directory (default runs/<env>__<exp>__<seed>__<unixtime>)"""
     checkpoint_interval: int = 500_000
-    """save checkpoints/latest.pt every this many env steps (0: only at the end)"""
+    """save a checkpoint every this many env steps (0: only at the end)"""
     resume: str | None = None
-    """checkpoint to continue from (outputs go to --run-dir, else the checkpoint's run dir)"""
+    """checkpoint to continue from"""
     eval_episodes: int = 10
-    """sampled-policy evaluation games at each evaluation"""
+    """games per evaluation"""
     eval_interval: int = 0
     """evaluate every this many env steps (0: only at the end)"""
     eval_only: bool = False
-    """only evaluate --checkpoint (its env, network, seed, frame limit and protocol), write eval.json and exit"""
+    """only evaluate --checkpoint, with its run's settings"""
     checkpoint: str | None = None
     """checkpoint to evaluate with --eval-only"""
     capture_video: bool = False
-    """record one game of the final (or --eval-only) evaluation to <run_dir>/videos"""
+    """record one game of the final evaluation to <run_dir>/videos"""
     track: bool = False
-    """log to Weights & Biases (mode from WANDB_MODE)"""
+    """log to Weights & Biases"""
     wandb_project_name: str = "rl-training"
     """Weights & Biases project"""
     max_episode_frames: int = 108_000
-    """emulator frames after which a game is truncated (bootstrapped; --eval-only: the checkpoint's)"""
+    """emulator frames after which a game is truncated"""
     frame_stack: int = 1
-    """frames per observation (1: the LSTM does the stacking; 4: RL Zoo's recurrent setting); fixed on resume"""
-    # Recurrent PPO (CleanRL defaults)
-    lstm_hidden_size: int = 128
-    """LSTM units H (CleanRL and RL Zoo: 128)"""
+    """frames per observation (1: the LSTM remembers)"""
+    # Recurrent PPO (CleanRL's defaults)
+    hidden_dim: int = 128
+    """LSTM units H"""
     seq_len: int = 128
-    """steps per training sequence L (divides --num-steps; = --num-steps: whole rollouts)"""
+    """steps per training sequence L (divides --num-steps)"""
     num_steps: int = 128
     """steps per environment per rollout T"""
     learning_rate: float = 2.5e-4
@@ -179,7 +174,7 @@ class Args:
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 at --schedule-steps"""
     schedule_steps: int | None = None
-    """step at which the annealed lr reaches 0 (default: the steps of this run, or on resume the checkpoint's)"""
+    """step where the annealed lr reaches 0 (default: this run's, or the checkpoint's)"""
     gamma: float = 0.99
     """discount factor gamma"""
     gae_lambda: float = 0.95
@@ -205,54 +200,85 @@ class Args:
 
 
 # ---------------------------------------------------------------- environment
-def atari_games() -> dict[str, str]:
-    """Game names as Gymnasium ids spell them -> ale_py ROM ids, for every ROM ale_py ships."""
-    return {rom.title().replace("_", ""): rom for rom in get_all_rom_ids()}  # ale_py.registration.rom_id_to_name
+# (id pattern, sticky-action probability)
+ATARI_IDS = ((r"(\w+)NoFrameskip-v4", 0.0), (r"ALE/(\w+)-v5", 0.25))
 
 
 def atari_protocol(env_id: str) -> tuple[str, float]:
-    """(ROM id, sticky-action probability) of an env id (detail 1); anything else stops in one line."""
-    games = atari_games()
-    for pattern, sticky in ((r"(\w+)NoFrameskip-v4", 0.0), (r"ALE/(\w+)-v5", 0.25)):
+    """(ROM id, sticky-action probability) of an env id (detail 1); others stop in one line."""
+    # game names as Gymnasium ids spell them -> ROM ids (ale_py.registration.rom_id_to_name)
+    games = {rom.title().replace("_", ""): rom for rom in get_all_rom_ids()}
+    for pattern, sticky in ATARI_IDS:
         match = re.fullmatch(pattern, env_id)
         if match and match.group(1) in games:
             return games[match.group(1)], sticky
-        if match:
-            close = difflib.get_close_matches(match.group(1), games, n=1)
-            hint = f"did you mean {env_id.replace(match.group(1), close[0])}?" if close else "see ale_py.roms.get_all_rom_ids()"
-            raise fail(f"unknown Atari game {match.group(1)!r} in {env_id!r}: ale_py has no such ROM; {hint}")
-    match = re.fullmatch(r"(?:ALE/)?(\w+?)(-ram)?(?:NoFrameskip|Deterministic)?-v\d+", env_id)
-    if match and match.group(1) in games:
-        what = "RAM observations are not supported (this file learns from pixels)" if match.group(2) else "this variant's frame-skip protocol is not supported"
-        raise fail(f"{env_id}: {what}; use {match.group(1)}NoFrameskip-v4 or ALE/{match.group(1)}-v5")
-    try:
-        env = gym.make(env_id)
-    except Exception:
-        raise fail(f"unknown environment id {env_id!r}; use an Atari id such as BreakoutNoFrameskip-v4 or ALE/Breakout-v5")
-    act, obs = env.action_space, env.observation_space
-    env.close()
-    if isinstance(act, gym.spaces.Box):
-        raise fail(f"{env_id} is not an Atari game (continuous actions); use d4pg.py, naf.py or rlpd.py")
-    if isinstance(act, gym.spaces.Discrete) and len(obs.shape) == 1:
-        raise fail(f"{env_id} is not an Atari game (discrete actions, vector observations); use ppg.py")
-    raise fail(f"{env_id} is not an Atari game; use BreakoutNoFrameskip-v4 or ALE/<Game>-v5")
+    raise fail(not_atari(env_id, games))
 
 
 def resolve_protocol(protocol: str, env_id: str) -> str:
     """The life and FIRE protocol of detail 3: `auto` follows the id's literature."""
-    return protocol if protocol != "auto" else "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
+    if protocol != "auto":
+        return protocol
+    return "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
 
 
-def make_envs(num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int, baselines: bool) -> AtariVectorEnv:
-    # Raw rewards (clipped here, to keep the score) and no life-loss episodes (read from
-    # info["lives"]), so a game over can be told apart from a life loss.
+def make_envs(num_envs, game, sticky, max_frames, frame_stack, baselines) -> AtariVectorEnv:
+    # Raw rewards (clipped in collect, to keep the score) and no life-loss episodes (read from
+    # info["lives"]), so a game over can be told apart from a lost life.
     envs = AtariVectorEnv(
-        game, num_envs, repeat_action_probability=sticky, max_num_frames_per_episode=max_frames, stack_num=frame_stack,
-        reward_clipping=False, episodic_life=False, life_loss_info=False, autoreset_mode="SameStep", use_fire_reset=baselines,
+        game,
+        num_envs,
+        repeat_action_probability=sticky,
+        max_num_frames_per_episode=max_frames,
+        stack_num=frame_stack,
+        reward_clipping=False,
+        episodic_life=False,
+        life_loss_info=False,
+        autoreset_mode="SameStep",
+        use_fire_reset=baselines,
     )
     action_set = list(envs.ale.get_action_set())
-    envs.fire = action_set.index(Action.FIRE) if baselines and Action.FIRE in action_set else None  # pressed after a lost life
+    # pressed after a lost life, under baselines only
+    envs.fire = action_set.index(Action.FIRE) if baselines and Action.FIRE in action_set else None
     return envs
+
+
+def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
+    """(terminal, truncation, life lost) of one vector step, numpy bool arrays (detail 3). After a
+    game ends `lives` is the new game's; a game over at the time limit is terminal."""
+    life_lost = (lives < prev_lives) & ~(terminated | truncated)
+    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
+
+
+def clear_stale(obs: np.ndarray, stale: np.ndarray) -> np.ndarray:
+    """Zero each env's `stale` oldest stacked frames: those from before a lost life (detail 6)."""
+    return obs * (np.arange(obs.shape[1]) >= stale[:, None])[:, :, None, None]
+
+
+class LifeProtocol:
+    """The vector env under detail 3's protocol, with detail 6's episode starts and frame stack."""
+
+    def __init__(self, envs, baselines: bool):
+        self.vec, self.baselines = envs, baselines
+
+    def reset(self, seed: int) -> np.ndarray:
+        obs, info = self.vec.reset(seed=seed)
+        self.lives, self.stale = info["lives"], np.zeros(len(obs), np.int64)
+        self.start, self.forced = np.ones(len(obs), np.float32), np.zeros(len(obs), bool)
+        return obs
+
+    def step(self, actions: np.ndarray):
+        """-> actions taken, obs, reward, game ended, terminal, time-limit cut, final obs."""
+        if self.forced.any():
+            actions = np.where(self.forced, self.vec.fire, actions)
+        obs, reward, term, trunc, info = self.vec.step(actions)
+        terminal, cut, lost = learning_flags(term, trunc, info["lives"], self.lives, self.baselines)
+        stale = np.maximum(self.stale - 1, 0)
+        final = clear_stale(info["final_obs"], stale) if cut.any() else None
+        self.stale = np.where(lost & self.baselines, obs.shape[1] - 1, stale * ~(term | trunc))
+        self.lives, self.forced = info["lives"], lost & (self.vec.fire is not None)
+        self.start = (terminal | cut).astype(np.float32)
+        return actions, clear_stale(obs, self.stale), reward, term | trunc, terminal, cut, final
 
 
 # ---------------------------------------------------------------- network
@@ -263,36 +289,41 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """Nature CNN (Mnih et al. 2015) -> LSTM -> policy and value heads (detail 4)."""
+    """Nature CNN (Mnih et al. 2015) -> LSTM -> policy and value heads (detail 5)."""
 
-    def __init__(self, num_actions: int, frame_stack: int, hidden_size: int):
+    def __init__(self, num_actions: int, frame_stack: int, hidden_dim: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(frame_stack, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+            layer_init(nn.Conv2d(frame_stack, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
         )
-        self.lstm = nn.LSTM(512, hidden_size)
+        self.lstm = nn.LSTM(512, hidden_dim)
         for name, param in self.lstm.named_parameters():
             nn.init.orthogonal_(param, 1.0) if "weight" in name else nn.init.zeros_(param)
-        self.actor = layer_init(nn.Linear(hidden_size, num_actions), std=0.01)
-        self.critic = layer_init(nn.Linear(hidden_size, 1), std=1.0)
+        self.actor = layer_init(nn.Linear(hidden_dim, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(hidden_dim, 1), std=1.0)
 
     def initial_state(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(torch.zeros(1, batch, self.lstm.hidden_size, device=device) for _ in range(2))
 
-    def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], starts: torch.Tensor):
-        """uint8 frames (L, B, C, 84, 84), the state (h, c) entering step 0 (each (1, B, H)) and the
-        episode-start flags (L, B) -> logits (L, B, A), values (L, B), the state after step L - 1."""
+    def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], starts):
+        """Frames (L, B, C, 84, 84), (h, c) entering step 0, starts (L, B) -> logits, V, (h, c)."""
         L, B = starts.shape
         x = obs.flatten(0, 1).to(torch.float32, memory_format=torch.channels_last) / 255.0
         features = self.network(x).view(L, B, -1)
-        # One nn.LSTM call per span without an episode start inside (detail 7), not one per step.
+        # One nn.LSTM call per span without an episode start inside (detail 8), not one per step.
         bounds = [0, *(torch.nonzero(starts[1:].any(1)).flatten() + 1).tolist(), L]
         (h, c), outputs = state, []
         for t0, t1 in zip(bounds[:-1], bounds[1:]):
-            keep = (1.0 - starts[t0]).view(1, B, 1)  # zero the memory of the sequences that start here
+            # zero the memory of the sequences that start an episode here
+            keep = (1.0 - starts[t0]).view(1, B, 1)
             out, (h, c) = self.lstm(features[t0:t1], (h * keep, c * keep))
             outputs.append(out)
         out = torch.cat(outputs)
@@ -300,134 +331,152 @@ class Agent(nn.Module):
 
 
 # ---------------------------------------------------------------- PPO math
-def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
-    """(terminal, truncation, life lost) for learning from one vector step (numpy bool arrays). Under the
-    baselines protocol a life loss is terminal for learning only (the game goes on). After a game ends,
-    `lives` is that of the freshly reset game, so it is compared only where no episode ended. A game over
-    at the time limit is terminal."""
-    life_lost = (lives < prev_lives) & ~(terminated | truncated)
-    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
-
-
 def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tensor:
     """V(real final observation) where the time limit cut the episode, else 0 (detail 3): one more
     LSTM step from the episode's own state, before the reset zeroes it."""
     values = torch.zeros(len(cut), device=device)
     if cut.any():
-        idx, final = torch.from_numpy(np.flatnonzero(cut)).to(device), torch.from_numpy(final_obs[cut]).to(device)
-        values[idx] = agent(final[None], (state[0][:, idx], state[1][:, idx]), torch.zeros(1, len(idx), device=device))[1][0]
+        idx = torch.from_numpy(np.flatnonzero(cut)).to(device)
+        final = torch.from_numpy(final_obs[cut]).to(device)[None]
+        no_start = torch.zeros(1, len(idx), device=device)
+        values[idx] = agent(final, (state[0][:, idx], state[1][:, idx]), no_start)[1][0]
     return values
 
 
-def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma: float, gae_lambda: float):
-    """Generalized advantage estimates and returns R_t = A_t + V(s_t), all (T, N) float tensors.
-    terminals: 1 where s_{t+1} has value 0 for learning (game over or life loss). truncations: 1 where the
-    time limit cut the episode; V(s_{t+1}) is then truncation_values (V of the real final observation), not
-    values[t + 1] (a freshly reset game). Either ends the GAE chain: A_{t+1} belongs to another episode.
-    next_value: V of the observation after the last step, shape (N,)."""
+def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma, gae_lambda):
+    """GAE advantages and returns R_t = A_t + V(s_t), (T, N) tensors. terminals: V(s_{t+1}) = 0 (game
+    over or life loss); truncations: V(s_{t+1}) = truncation_values, V(real final observation), not
+    values[t + 1] (a reset game). Either ends the GAE chain. next_value: V after the last step."""
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(truncations.bool(), truncation_values, next_values)
     deltas = rewards + gamma * (1.0 - terminals) * next_values - values
     carry = 1.0 - torch.maximum(terminals, truncations)
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):  # one vector op per step, over N envs
+    # one vector op per step, over N envs
+    for t in reversed(range(rewards.shape[0])):
         last = deltas[t] + gamma * gae_lambda * carry[t] * last
         advantages[t] = last
     return advantages, advantages + values
 
 
-def ppo_losses(new_logprob, old_logprob, advantages, new_value, old_value, returns, clip_coef: float, clip_vloss: bool, acted=None):
-    """Clipped surrogate policy loss (-L_clip) averaged over the steps the policy chose (`acted`, 1.0 or 0.0:
-    detail 3's forced FIRE is 0), value loss L_V, approx KL, clip fraction."""
+def masked_mean(x: torch.Tensor, acted: torch.Tensor) -> torch.Tensor:
+    """Mean over the steps the policy chose (acted 1.0; forced FIRE 0.0, detail 4)."""
+    return (x * acted).sum() / acted.sum().clamp(min=1)
+
+
+def ppo_losses(
+    new_logprob,
+    old_logprob,
+    advantages,
+    new_value,
+    old_value,
+    returns,
+    clip_coef: float,
+    clip_vloss: bool,
+    acted=None,
+):
+    """Clipped surrogate loss -L_clip, value loss L_V, approx KL and clip fraction; all but L_V
+    over the steps the policy chose (`acted`, detail 4)."""
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()
     acted = torch.ones_like(ratio) if acted is None else acted
-    pg_loss = (torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)) * acted).sum() / acted.sum().clamp(min=1)
+    clipped = ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped), acted)
+    v_loss = (new_value - returns) ** 2
     if clip_vloss:
         v_clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((new_value - returns) ** 2, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((new_value - returns) ** 2).mean()
+        v_loss = torch.max(v_loss, (v_clipped - returns) ** 2)
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()  # k3 estimator (Schulman's blog "Approximating KL")
-        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-    return pg_loss, v_loss, approx_kl, clipfrac
+        # k3 estimator (Schulman's blog "Approximating KL")
+        approx_kl = masked_mean((ratio - 1) - log_ratio, acted)
+        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), acted)
+    return pg_loss, 0.5 * v_loss.mean(), approx_kl, clipfrac
 
 
 class Rollout:
-    """Preallocated storage of one rollout (T steps of N envs) and the acting state carried from
-    one rollout to the next."""
+    """Storage of one rollout (T steps of N envs) and the acting memory carried to the next."""
 
-    def __init__(self, T: int, N: int, seq_len: int, frame_stack: int, hidden_size: int, device):
+    def __init__(self, T: int, N: int, seq_len: int, frame_stack: int, hidden_dim: int, device):
+        self.seq_len = seq_len
         self.obs = torch.zeros((T, N, frame_stack, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
-        self.logprobs, self.values, self.trunc_values = (torch.zeros((T, N), device=device) for _ in range(3))
+        self.logprobs, self.values, self.trunc_values = torch.zeros((3, T, N), device=device)
         # rewards and flags are born in numpy: kept on the host, moved once per rollout
-        self.rewards, self.terminals, self.truncations, self.starts, self.acted = (np.zeros((T, N), np.float32) for _ in range(5))
-        # (h, c) entering the first step of each chunk of seq_len steps: where its replay starts (detail 6)
-        self.h0, self.c0 = (torch.zeros((T // seq_len, N, hidden_size), device=device) for _ in range(2))
+        self.flags = np.zeros((5, T, N), np.float32)
+        self.rewards, self.terminals, self.truncations, self.starts, self.acted = self.flags
+        # (h, c) entering the first step of each chunk of seq_len steps (detail 7)
+        self.h0, self.c0 = torch.zeros((2, T // seq_len, N, hidden_dim), device=device)
 
-    def restart(self, obs_np: np.ndarray, lives: np.ndarray, agent: Agent) -> None:
-        """Fresh games (a new or resumed run): every env's next step starts an episode from a zero state."""
-        self.next_obs = torch.from_numpy(obs_np).to(self.obs.device)
-        self.next_start, self.forced = np.ones(len(lives), np.float32), np.zeros(len(lives), bool)
-        self.state = agent.initial_state(len(lives), self.obs.device)
-        self.lives, self.score, self.length = lives, np.zeros(len(lives)), np.zeros(len(lives), np.int64)
+    def restart(self, obs: np.ndarray, agent: Agent) -> None:
+        """Fresh games (a new or resumed run): the acting memory starts at zero."""
+        self.next_obs = torch.from_numpy(obs).to(self.obs.device)
+        self.state = agent.initial_state(len(obs), self.obs.device)
+        self.score, self.length = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
 
     def sequences(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, N, ...) -> (L, K, ...), K = N T / L: sequence k = j N + n is env n's chunk j (as h0, c0)."""
-        (T, N), L = x.shape[:2], self.obs.shape[0] // self.h0.shape[0]
+        """(T, N, ...) -> (L, K, ...), K = N T / L: sequence j N + n is env n's chunk j."""
+        (T, N), L = x.shape[:2], self.seq_len
         return x.reshape(T // L, L, N, *x.shape[2:]).transpose(0, 1).reshape(L, -1, *x.shape[2:])
 
 
 @torch.inference_mode()
-def collect(agent: Agent, envs, ro: Rollout, global_step: int, log, baselines: bool) -> int:
-    """Fill `ro` with one rollout of every env, acting one step at a time; returns the new step count."""
-    (T, N), device, seq_len = ro.rewards.shape, ro.obs.device, ro.obs.shape[0] // ro.h0.shape[0]
+def collect(agent: Agent, envs: LifeProtocol, ro: Rollout, global_step: int, log) -> int:
+    """Fill `ro` with one rollout of every env, one step at a time; returns the new step count."""
+    (T, N), device = ro.rewards.shape, ro.obs.device
     for t in range(T):
-        if t % seq_len == 0:
-            ro.h0[t // seq_len], ro.c0[t // seq_len] = ro.state[0][0], ro.state[1][0]
-        ro.obs[t], ro.starts[t] = ro.next_obs, ro.next_start
-        logits, value, ro.state = agent(ro.next_obs[None], ro.state, torch.from_numpy(ro.next_start).to(device)[None])
-        dist = Categorical(logits=logits[0], validate_args=False)  # NaN weights are caught after the update
-        action = dist.sample()
-        if ro.forced.any():  # detail 3: FIRE after a lost life, not the policy's choice
-            action[torch.from_numpy(ro.forced).to(device)] = envs.fire
-        ro.actions[t], ro.logprobs[t], ro.values[t], ro.acted[t] = action, dist.log_prob(action), value[0], ~ro.forced
-        obs_np, reward, term, trunc, info = envs.step(action.cpu().numpy())
-        global_step += N
-        terminal, cut, lost = learning_flags(term, trunc, info["lives"], ro.lives, baselines)
-        ro.forced = lost & (envs.fire is not None)
-        ro.trunc_values[t] = bootstrap_values(agent, info.get("final_obs"), cut, ro.state, device)
-        ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut  # clipped (Mnih 2015)
-        ro.next_start = (terminal | cut).astype(np.float32)  # detail 5
-        ro.next_obs, ro.lives = torch.from_numpy(obs_np).to(device), info["lives"]
+        # where the replay of a chunk starts (detail 7)
+        if t % ro.seq_len == 0:
+            ro.h0[t // ro.seq_len], ro.c0[t // ro.seq_len] = ro.state[0][0], ro.state[1][0]
+        ro.obs[t], ro.starts[t], ro.acted[t] = ro.next_obs, envs.start, ~envs.forced
+        starts = torch.from_numpy(envs.start).to(device)[None]
+        logits, value, ro.state = agent(ro.next_obs[None], ro.state, starts)
+        # NaN weights are caught after the update
+        dist = Categorical(logits=logits[0], validate_args=False)
+        actions, obs, reward, ended, terminal, cut, final = envs.step(dist.sample().cpu().numpy())
+        # the actions taken, forced FIRE included (detail 3)
+        action = torch.from_numpy(actions).to(device)
+        ro.actions[t], ro.logprobs[t], ro.values[t] = action, dist.log_prob(action), value[0]
+        ro.trunc_values[t] = bootstrap_values(agent, final, cut, ro.state, device)
+        # rewards clipped for learning (Mnih et al. 2015)
+        ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut
+        ro.next_obs, global_step = torch.from_numpy(obs).to(device), global_step + N
         ro.score, ro.length = ro.score + reward, ro.length + 1
-        for i in np.flatnonzero(term | trunc):
+        for i in np.flatnonzero(ended):
             log.episode(global_step, ro.score[i], ro.length[i])
             ro.score[i], ro.length[i] = 0.0, 0
     return global_step
 
 
-def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args, gen: torch.Generator):
-    """`--update-epochs` epochs of clipped-PPO steps on minibatches of whole sequences (details 6-7).
-    Returns the last minibatch's losses, the epochs' mean clip fraction, the explained variance and the total loss."""
-    device = ro.obs.device
-    obs, actions, old_logprobs, old_values, b_adv, b_returns, starts, acted = (ro.sequences(x) for x in (
-        ro.obs, ro.actions, ro.logprobs, ro.values, advantages, returns, *(torch.from_numpy(f).to(device) for f in (ro.starts, ro.acted))))
-    h0, c0 = ro.h0.flatten(0, 1), ro.c0.flatten(0, 1)
-    num_seqs, clipfracs = h0.shape[0], []
+def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args, generator):
+    """`--update-epochs` epochs of PPO on minibatches of whole sequences (details 7-9)."""
+    starts, acted = torch.from_numpy(ro.flags[3:]).to(ro.obs.device)
+    batch = (ro.obs, ro.actions, ro.logprobs, ro.values, advantages, returns, starts, acted)
+    obs, actions, logprobs, values, b_adv, b_returns, starts, acted = map(ro.sequences, batch)
+    h0, c0, clipfracs = ro.h0.flatten(0, 1), ro.c0.flatten(0, 1), []
     for epoch in range(args.update_epochs):
-        for mb in torch.randperm(num_seqs, generator=gen).to(device).split(num_seqs // args.num_minibatches):
+        order = torch.randperm(len(h0), generator=generator).to(h0.device)
+        for mb in order.split(len(h0) // args.num_minibatches):
             logits, new_value, _ = agent(obs[:, mb], (h0[mb][None], c0[mb][None]), starts[:, mb])
             dist = Categorical(logits=logits, validate_args=False)
-            new_logprob, entropy = dist.log_prob(actions[:, mb]), dist.entropy().mean()
-            mb_adv = b_adv[:, mb]
+            mb_acted, mb_adv = acted[:, mb], b_adv[:, mb]
+            new_logprob = dist.log_prob(actions[:, mb])
+            entropy = masked_mean(dist.entropy(), mb_acted)
+            # statistics of the policy's own steps (detail 4)
             if args.norm_adv:
-                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-            pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(new_logprob, old_logprobs[:, mb], mb_adv, new_value, old_values[:, mb],
-                                                              b_returns[:, mb], args.clip_coef, args.clip_vloss, acted[:, mb])
+                chosen = mb_adv[mb_acted.bool()]
+                mb_adv = (mb_adv - chosen.mean()) / (chosen.std() + 1e-8)
+            pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
+                new_logprob,
+                logprobs[:, mb],
+                mb_adv,
+                new_value,
+                values[:, mb],
+                b_returns[:, mb],
+                args.clip_coef,
+                args.clip_vloss,
+                mb_acted,
+            )
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -437,343 +486,410 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args
         if args.target_kl is not None and approx_kl.item() > args.target_kl:
             break
     var_y = b_returns.var()
-    return {"loss": loss.detach(), "losses/value_loss": v_loss.detach(), "losses/policy_loss": pg_loss.detach(),
-            "losses/entropy": entropy.detach(), "losses/approx_kl": approx_kl, "losses/clipfrac": torch.stack(clipfracs).mean(),
-            "losses/explained_variance": (1 - (b_returns - old_values).var() / var_y).item() if var_y > 0 else float("nan")}
-
-
-def checkpoint_state(agent: Agent, optimizer, iteration: int, horizon: int, gen: torch.Generator) -> dict:
-    """Everything a resume needs (detail 10); the acting hidden states restart with the games."""
-    return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-            "schedule_steps": horizon, "rng": rng_state(torch=torch.default_generator, minibatch=gen)}
+    explained = (1 - (b_returns - values).var() / var_y).item() if var_y > 0 else float("nan")
+    losses = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy, approx_kl=approx_kl)
+    losses = {f"losses/{k}": v.detach() for k, v in losses.items()}
+    losses |= {"losses/clipfrac": torch.stack(clipfracs).mean()}
+    return {"loss": loss.detach(), **losses, "losses/explained_variance": explained}
 
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    T, N, L, M = args.num_steps, args.num_envs, args.seq_len, args.num_minibatches
-    positive = {"num-envs": N, "num-steps": T, "seq-len": L, "num-minibatches": M, "update-epochs": args.update_epochs,
-                "frame-stack": args.frame_stack, "lstm-hidden-size": args.lstm_hidden_size, "learning-rate": args.learning_rate,
-                "clip-coef": args.clip_coef, "max-grad-norm": args.max_grad_norm, "max-episode-frames": args.max_episode_frames}
-    check_args(args, [(value > 0, f"--{name} must be positive, got {value}") for name, value in positive.items()])
-    check_args(args, [
-        (T % L == 0, f"--seq-len {L} does not divide --num-steps {T}; pick a divisor of {T}"),
-        (N * T // L % M == 0, f"{N * T // L} sequences per rollout (num_envs * num_steps / seq_len) do not split into "
-                              f"--num-minibatches {M}; choose a divisor of {N * T // L}"),
-        *[(0 <= value <= 1, f"--{name} must be in [0, 1], got {value}") for name, value in {"gamma": args.gamma, "gae-lambda": args.gae_lambda}.items()],
-        (args.eval_only or args.total_steps >= N * T, f"--total-steps {args.total_steps} is less than one rollout "
-                                                     f"(num_envs * num_steps = {N * T}); raise it"),
-    ])
+    check_args(args)
     if args.eval_only:
         return eval_only(args)
     game, sticky = atari_protocol(args.env_id)
-    device = pick_device(args.device)
-    seed_everything(args.seed, args.torch_deterministic)
-    ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "seq_len", "frame_stack", "lstm_hidden_size", "protocol")) if args.resume else None
-    num_iterations = args.total_steps // (N * T)
-    horizon = args.schedule_steps if args.schedule_steps is not None else ckpt["schedule_steps"] if ckpt else num_iterations * N * T
-    if args.anneal_lr and horizon < num_iterations * N * T:  # detail 8
-        raise fail(f"--total-steps {args.total_steps} runs past the learning-rate anneal, which reaches 0 at step {horizon} "
-                   f"({'set by --schedule-steps' if args.schedule_steps is not None else 'the schedule of the checkpoint'}); "
-                   f"pass --schedule-steps {num_iterations * N * T} (or more) to re-plan it, or --no-anneal-lr")
     protocol = resolve_protocol(args.protocol, args.env_id)
-    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames, frame_stack=args.frame_stack, baselines=protocol == "baselines")
-    envs = make_envs(N, **atari)
-    agent = Agent(int(envs.single_action_space.n), args.frame_stack, args.lstm_hidden_size).to(device, memory_format=torch.channels_last)
+    device = seed_and_pick_device(args)
+    T, N = args.num_steps, args.num_envs
+    # whole rollouts
+    total = args.total_steps // (N * T) * N * T
+    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames)
+    atari |= dict(frame_stack=args.frame_stack, baselines=protocol == "baselines")
+    envs = LifeProtocol(make_envs(N, **atari), atari["baselines"])
+    agent = Agent(int(envs.vec.single_action_space.n), args.frame_stack, args.hidden_dim)
+    agent = agent.to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    gen = torch.Generator().manual_seed(args.seed)  # minibatch order
-    global_step, iteration = (ckpt["global_step"], ckpt["iteration"]) if ckpt else (0, 0)
-    if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=gen)
-    ro = Rollout(T, N, L, args.frame_stack, args.lstm_hidden_size, device)
-    obs_np, info = envs.reset(seed=args.seed + global_step)  # fresh games after a resume (detail 10)
-    ro.restart(obs_np, info["lives"], agent)
-    stop = StopSignal()
-    with RunLogger(args, run_dir_for(args, args.resume), global_step, resumed=ckpt is not None,
-                   resolved_device=str(device), game=game, repeat_action_probability=sticky, protocol=protocol) as log:
-        while iteration < num_iterations and not stop:
+    # the minibatch order's
+    generator = torch.Generator().manual_seed(args.seed)
+    global_step, iteration, horizon = restore(args, agent, optimizer, generator, total)
+    ro = Rollout(T, N, args.seq_len, args.frame_stack, args.hidden_dim, device)
+    # fresh games, also after a resume (detail 11)
+    ro.restart(envs.reset(seed=args.seed + global_step), agent)
+    stop = stop_signal()
+    eval_seed = args.seed + 10_000
+    evaluate_policy = partial(evaluate, agent, atari, args.eval_episodes, eval_seed, device, stop)
+
+    def state() -> dict:
+        return checkpoint_state(agent, optimizer, iteration, horizon, generator)
+
+    run_dir, resumed = run_dir_for(args, args.resume), args.resume is not None
+    about = dict(game=game, repeat_action_probability=sticky, protocol=protocol)
+    with RunLogger(
+        args, run_dir, global_step, total, resumed, resolved_device=str(device), **about
+    ) as log:
+        while global_step < total and not stop:
             iteration += 1
-            lr = args.learning_rate * (1.0 - global_step / horizon) if args.anneal_lr else args.learning_rate  # detail 8
+            lr = args.learning_rate
+            # detail 9
+            if args.anneal_lr:
+                lr = args.learning_rate * (1.0 - global_step / horizon)
             optimizer.param_groups[0]["lr"] = lr
-            prev_step, global_step = global_step, collect(agent, envs, ro, global_step, log, atari["baselines"])
+            global_step = collect(agent, envs, ro, global_step, log)
             with torch.inference_mode():
-                next_value = agent(ro.next_obs[None], ro.state, torch.from_numpy(ro.next_start).to(device)[None])[1][0]
-                rewards, terminals, truncations = (torch.from_numpy(x).to(device) for x in (ro.rewards, ro.terminals, ro.truncations))
-                advantages, returns = gae(rewards, ro.values, next_value, terminals, truncations, ro.trunc_values, args.gamma, args.gae_lambda)
-            losses = update(agent, optimizer, ro, advantages, returns, args, gen)
+                starts = torch.from_numpy(envs.start).to(device)[None]
+                next_value = agent(ro.next_obs[None], ro.state, starts)[1][0]
+                rewards, terminals, truncations = torch.from_numpy(ro.flags[:3]).to(device)
+                advantages, returns = gae(
+                    rewards,
+                    ro.values,
+                    next_value,
+                    terminals,
+                    truncations,
+                    ro.trunc_values,
+                    args.gamma,
+                    args.gae_lambda,
+                )
+            losses = update(agent, optimizer, ro, advantages, returns, args, generator)
             log.check_finite(losses.pop("loss"), global_step)
-            log.scalars(global_step, {"charts/learning_rate": lr, "charts/SPS": log.sps(global_step), **losses})
-            if stop:  # save right away: no evaluation, no periodic checkpoint
-                break
-            if every(global_step, prev_step, args.eval_interval) and iteration < num_iterations:  # the final one follows
-                scores, capped = evaluate(agent, atari, args.eval_episodes, args.seed + 10_000, device, stop)
-                if not stop:  # a signal cuts the evaluation short: its scores are incomplete
-                    log.scalars(global_step, {"eval/episodic_return": np.mean(scores), "eval/capped_games": capped})
-            if every(global_step, prev_step, args.checkpoint_interval) and iteration < num_iterations:
-                save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(agent, optimizer, iteration, horizon, gen))
-            log.progress(global_step, num_iterations * N * T)
-        envs.close()
-        # final or interrupted: saved before the final evaluation, which a signal may cut short
-        save_checkpoint(log.checkpoint, args, global_step, checkpoint_state(agent, optimizer, iteration, horizon, gen))
-        if not stop:
-            scores, capped = evaluate(agent, atari, args.eval_episodes, args.seed + 10_000, device, stop)
-        if args.capture_video and not stop:
-            record_video(agent, atari, log.run_dir / "videos", args.seed + 20_000, device)
-        if stop:
-            return log.interrupted(global_step)
-        log.scalars(global_step, {"eval/episodic_return": np.mean(scores), "eval/capped_games": capped})
-        log.summary(global_step, scores, eval_capped_games=capped, game=game, repeat_action_probability=sticky, protocol=protocol)
+            log.scalars(global_step, {"charts/learning_rate": lr, **losses})
+            log.scalars(global_step, {"charts/SPS": log.sps(global_step)})
+            log.end_iteration(global_step, stop, evaluate_policy, state)
+        envs.vec.close()
+        log.finish(global_step, stop, evaluate_policy, state, **about)
 
 
-# ---------------------------------------------------------------- evaluation
+# ---------------------------------------------------------------- the file's own plumbing
+def check_args(args: Args) -> None:
+    """Stop on a bad flag in one line, before anything runs."""
+    positive = "num_envs num_steps seq_len num_minibatches update_epochs frame_stack hidden_dim"
+    positive += " learning_rate clip_coef max_grad_norm max_episode_frames"
+    values = {"--" + k.replace("_", "-"): getattr(args, k) for k in positive.split()}
+    check_flags(args, [(v > 0, f"{k} must be positive, got {v}") for k, v in values.items()])
+    T, N, L, M = args.num_steps, args.num_envs, args.seq_len, args.num_minibatches
+    seqs, rollout = N * T // L, N * T
+    rows = [
+        (0 <= v <= 1, f"--{k} must be in [0, 1], got {v}")
+        for k, v in {"gamma": args.gamma, "gae-lambda": args.gae_lambda}.items()
+    ]
+    rows += [
+        (T % L == 0, f"--seq-len {L} does not divide --num-steps {T}; pick a divisor of {T}"),
+        (
+            seqs % M == 0,
+            f"{seqs} sequences per rollout (num_envs * num_steps / seq_len) do not "
+            f"split into --num-minibatches {M}; choose a divisor of {seqs}",
+        ),
+        (
+            args.eval_only or args.total_steps >= rollout,
+            f"--total-steps {args.total_steps} is "
+            f"less than one rollout (num_envs * num_steps = {rollout}); raise it",
+        ),
+    ]
+    check_flags(args, rows)
+
+
+def not_atari(env_id: str, games: dict[str, str]) -> str:
+    """Why `env_id` is not an Atari id this file plays, and what to pass instead."""
+    for pattern, _ in ATARI_IDS:
+        # a game ale_py does not have
+        if match := re.fullmatch(pattern, env_id):
+            close = difflib.get_close_matches(match.group(1), games, n=1)
+            hint = f"; did you mean {env_id.replace(match.group(1), close[0])}?" if close else ""
+            return f"unknown Atari game {match.group(1)!r} in {env_id!r}{hint}"
+    match = re.fullmatch(r"(?:ALE/)?(\w+?)(-ram)?(?:NoFrameskip|Deterministic)?-v\d+", env_id)
+    if match and match.group(1) in games:
+        what = "RAM observations are" if match.group(2) else "this frame-skip protocol is"
+        game = match.group(1)
+        return f"{env_id}: {what} not supported; use {game}NoFrameskip-v4 or ALE/{game}-v5"
+    try:
+        env = gym.make(env_id)
+    except Exception:
+        return f"unknown environment id {env_id!r}; use an Atari id such as ALE/Breakout-v5"
+    env.close()
+    if isinstance(env.action_space, gym.spaces.Box):
+        return f"{env_id} is not an Atari game (continuous actions); use d4pg.py, naf.py or rlpd.py"
+    if len(env.observation_space.shape) == 1:
+        return f"{env_id} is not an Atari game (discrete actions, vector observations); use ppg.py"
+    return f"{env_id} is not an Atari game; use BreakoutNoFrameskip-v4 or ALE/<Game>-v5"
+
+
+def checkpoint_state(agent: Agent, optimizer, iteration: int, horizon: int, generator) -> dict:
+    """What a resume needs (detail 11); the acting memory restarts with the games."""
+    rng = rng_state(torch=torch.default_generator, minibatch=generator)
+    state = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng}
+    return {**state, "iteration": iteration, "schedule_steps": horizon}
+
+
+def restore(args: Args, agent: Agent, optimizer, generator, total: int) -> tuple[int, int, int]:
+    """(global step, iteration, anneal horizon S) of a new run or of --resume's checkpoint, whose
+    network, optimizer and generators it loads; an annealed rate never runs past S (detail 9)."""
+    same = ("num_envs", "num_steps", "seq_len", "frame_stack", "hidden_dim", "protocol")
+    ckpt = resume_checkpoint(args, same) if args.resume else None
+    horizon, why = total, ""
+    if ckpt:
+        horizon, why = ckpt["schedule_steps"], "the schedule of the checkpoint"
+    if args.schedule_steps is not None:
+        horizon, why = args.schedule_steps, "set by --schedule-steps"
+    if args.anneal_lr and horizon < total:
+        raise fail(
+            f"--total-steps {args.total_steps} runs past the learning-rate anneal, which reaches 0"
+            f" at step {horizon} ({why}); pass --schedule-steps {total} (or more) to re-plan it,"
+            " or --no-anneal-lr"
+        )
+    if ckpt is None:
+        return 0, 0, horizon
+    agent.load_state_dict(ckpt["agent"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=generator)
+    return ckpt["global_step"], ckpt["iteration"], horizon
+
+
 def sample_actions(logits: torch.Tensor, generator: torch.Generator) -> np.ndarray:
-    """a ~ pi(.|h), the evaluated policy (detail 9), drawn on the CPU from evaluation's own generator."""
-    return torch.multinomial(logits.float().softmax(-1).cpu(), 1, generator=generator).squeeze(1).numpy()
+    """a ~ pi(.|h), the evaluated policy (detail 10), drawn on the CPU from its own generator."""
+    return torch.multinomial(logits.float().softmax(-1).cpu(), 1, generator=generator)[:, 0].numpy()
 
 
 @torch.inference_mode()
-def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=None) -> tuple[list[float], int]:
-    """Unclipped scores of `episodes` full games of the sampled policy, game i seeded seed + i, and how
-    many hit the frame limit (detail 9); cut short (scores incomplete) once `stop` is true (a signal)."""
-    envs = make_envs(episodes, **atari)
-    obs, info = envs.reset(seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    state, start, lives = agent.initial_state(episodes, device), np.ones(episodes, np.float32), info["lives"]
-    scores, finished, capped = np.zeros(episodes), np.zeros(episodes, dtype=bool), np.zeros(episodes, dtype=bool)
-    forced = np.zeros(episodes, dtype=bool)
+def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=(), video_dir=None):
+    """Unclipped scores of full games of the sampled policy, game i seeded seed + i, the games the
+    frame limit cut and a video's score (detail 10); cut short once `stop` is true (a signal)."""
+    envs = LifeProtocol(make_envs(episodes, **atari), atari["baselines"])
+    obs, generator = envs.reset(seed=seed), torch.Generator().manual_seed(seed)
+    state, scores = agent.initial_state(episodes, device), np.zeros(episodes)
+    finished, capped = np.zeros(episodes, bool), np.zeros(episodes, bool)
     while not finished.all() and not stop:
-        logits, _, state = agent(torch.from_numpy(obs).to(device)[None], state, torch.from_numpy(start).to(device)[None])
-        actions = sample_actions(logits[0], generator)
-        if forced.any():  # detail 3 (baselines: FIRE after a lost life; never under machado)
-            actions[forced] = envs.fire
-        obs, reward, term, trunc, info = envs.step(actions)
-        scores += reward * ~finished  # games that ended keep running; ignore them
-        capped |= trunc & ~term & ~finished
-        finished |= term | trunc
-        terminal, cut, lost = learning_flags(term, trunc, info["lives"], lives, atari["baselines"])  # the memory resets as in training
-        start, lives, forced = (terminal | cut).astype(np.float32), info["lives"], lost & (envs.fire is not None)
-    envs.close()
-    return scores.tolist(), int(capped.sum())
+        starts = torch.from_numpy(envs.start).to(device)[None]
+        logits, _, state = agent(torch.from_numpy(obs).to(device)[None], state, starts)
+        _, obs, reward, ended, _, cut, _ = envs.step(sample_actions(logits[0], generator))
+        # games that ended keep running; ignore them
+        scores += reward * ~finished
+        capped |= cut & ~finished
+        finished |= ended
+    envs.vec.close()
+    extra = {"eval_capped_games": int(capped.sum())}
+    if video_dir is not None:
+        extra["eval_video_return"] = record_video(agent, atari, video_dir, seed + 10_000, device)
+    return scores.tolist(), extra
 
 
 @torch.inference_mode()
 def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) -> float:
-    """One game of the sampled policy rendered to mp4 (AtariVectorEnv cannot render). Frames are
-    stacked as the vector env stacks them: zero padding, the first real frame the one after FIRE (baselines);
-    the memory is zeroed and FIRE forced as in training (details 3 and 5)."""
-    env = AtariEnv(game=atari["game"], frameskip=1, repeat_action_probability=atari["sticky"], render_mode="rgb_array",
-                   max_num_frames_per_episode=atari["max_frames"])
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
-    env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
+    """One game of the sampled policy rendered to mp4 (AtariVectorEnv cannot render), its frames
+    stacked as the vector env stacks them (zero padding), under training's protocol."""
+    env = AtariEnv(
+        game=atari["game"],
+        frameskip=1,
+        repeat_action_probability=atari["sticky"],
+        render_mode="rgb_array",
+        max_num_frames_per_episode=atari["max_frames"],
+    )
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, terminal_on_life_loss=False)
+    env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)
     frame, info = env.reset(seed=seed)
     meanings = env.unwrapped.get_action_meanings()
-    fire = meanings.index("FIRE") if atari["baselines"] and "FIRE" in meanings else None  # detail 3
-    if fire is not None:  # as use_fire_reset in the vector env
+    fire = meanings.index("FIRE") if atari["baselines"] and "FIRE" in meanings else None
+    # as use_fire_reset in the vector env
+    if fire is not None:
         frame, _, _, _, info = env.step(fire)
     stack = np.zeros((1, atari["frame_stack"], 84, 84), dtype=np.uint8)
     generator, score, done, forced = torch.Generator().manual_seed(seed), 0.0, False, False
     state, start, lives = agent.initial_state(1, device), 1.0, info["lives"]
     while not done:
-        stack = np.concatenate([stack[:, 1:], frame[None, None]], axis=1)
-        logits, _, state = agent(torch.from_numpy(stack).to(device)[None], state, torch.full((1, 1), start, device=device))
+        stack = np.concatenate([stack[:, 1:] * (start == 0), frame[None, None]], axis=1)
+        starts = torch.full((1, 1), start, device=device)
+        logits, _, state = agent(torch.from_numpy(stack).to(device)[None], state, starts)
         action = int(sample_actions(logits[0], generator)[0])
         frame, reward, term, trunc, info = env.step(fire if forced else action)
         lost = info["lives"] < lives and not (term or trunc)
-        score, done, start, lives = score + float(reward), term or trunc, float(lost and atari["baselines"]), info["lives"]
-        forced = lost and fire is not None
+        score, done, lives = score + float(reward), term or trunc, info["lives"]
+        start, forced = float(lost and atari["baselines"]), lost and fire is not None
     env.close()
     return score
 
 
 def eval_only(args: Args) -> None:
-    """Evaluate --checkpoint with its own env, network, seed, frame limit, frame stack and protocol: it repeats the run's final evaluation."""
-    ckpt, device = load_checkpoint(args.checkpoint), pick_device(args.device)
-    run = {"protocol": "auto", **ckpt["args"]}  # checkpoints written before --protocol existed
+    """Evaluate --checkpoint with its run's settings: it repeats the run's final evaluation."""
+    ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
+    # protocol auto: checkpoints from before --protocol
+    run, weights = {"protocol": "auto", **ckpt["args"]}, ckpt["agent"]
     game, sticky = atari_protocol(ckpt["env_id"])
-    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"], frame_stack=run["frame_stack"],
-                 baselines=resolve_protocol(run["protocol"], ckpt["env_id"]) == "baselines")
-    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"], run["lstm_hidden_size"]).to(device, memory_format=torch.channels_last)
-    agent.load_state_dict(ckpt["agent"])
-    returns, capped = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device)
-    run_dir = run_dir_for(args, args.checkpoint)
-    video = {"video_return": record_video(agent, atari, run_dir / "videos", run["seed"] + 20_000, device)} if args.capture_video else {}
-    write_eval_only(run_dir, args, ckpt, returns, eval_capped_games=capped, **video)
+    baselines = resolve_protocol(run["protocol"], ckpt["env_id"]) == "baselines"
+    frame_stack = weights["network.0.weight"].shape[1]
+    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"])
+    atari |= dict(frame_stack=frame_stack, baselines=baselines)
+    agent = Agent(len(weights["actor.bias"]), frame_stack, weights["lstm.weight_hh_l0"].shape[1])
+    agent.to(device, memory_format=torch.channels_last).load_state_dict(weights)
+    video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
+    result = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device, (), video_dir)
+    write_eval_only(args, ckpt, result)
 
 
-# ===== run harness: the same text, byte for byte, in every file of algos/ (tests/test_harness.py compares them). No algorithm
-# knowledge below (errors, checks, device, seeding, checkpoints, RNG state, signals, intervals, logger). Change it in one file, copy to all.
+# ===== run harness: the same text in every file of algos/ (tests/test_harness.py compares them),
+# no algorithm knowledge: errors, checks, seeding, checkpoints, signals and the run's outputs
+# (README.md's "Usage" says what a run writes). Change it in one file, then copy it to the others.
 SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
-PROCESS_START = time.time()  # summary.json's wall_time_s counts from here (imports done)
 
 
 def fail(message: str) -> SystemExit:
-    """`raise fail(...)`: one line on stderr, exit status 1 (bad input stops before training)."""
+    """`raise fail(...)`: one line on stderr and exit status 1."""
     return SystemExit(f"{SCRIPT}: error: {message}")
 
 
-def check_args(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first false (condition, message) row, common flags first; all rows are computed first, so each must be safe on bad input."""
+def check_flags(args, rows: list[tuple[bool, str]]) -> None:
+    """Stop at the first false (condition, message) row, the common flags' rows first."""
     common = [
         (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
         (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (min(args.eval_interval, args.checkpoint_interval) >= 0, "--eval-interval and --checkpoint-interval must be >= 0 (0: only at the end)"),
-        (not args.eval_only or args.checkpoint is not None, "--eval-only needs --checkpoint PATH"),
-        (not (args.eval_only and args.resume), "--eval-only evaluates --checkpoint and cannot --resume; drop one"),
-        (args.device != "cuda" or torch.cuda.is_available(), "--device cuda but CUDA is not available; use --device cpu or auto"),
-        (not args.track or importlib.util.find_spec("wandb") is not None, "--track needs wandb (pip install wandb), or drop --track"),
+        (min(args.eval_interval, args.checkpoint_interval) >= 0, "intervals must be >= 0"),
+        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+        (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
+        (args.device != "cuda" or torch.cuda.is_available(), "CUDA is not available"),
+        (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
     ]
     for ok, message in common + rows:
         if not ok:
             raise fail(message)
 
 
-def pick_device(name: str) -> torch.device:  # "cuda" without CUDA is refused by check_args
-    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    """Seed the global generators; --torch-deterministic asks for deterministic kernels."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read when CUDA starts
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # CPU and every CUDA device
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    torch.backends.cudnn.deterministic = deterministic
+def seed_and_pick_device(args) -> torch.device:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)  # the CPU's and every CUDA device's
+    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if cuda else "cpu")
 
 
 def rng_state(**generators) -> dict:
-    """Exactly the generators a file draws from (numpy or torch ones), plus CUDA's when CUDA is in use."""
-    state = {name: g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state()
-             for name, g in generators.items()}
+    """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
+    state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
+    state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
     if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict, **generators) -> None:
-    for name, g in generators.items():  # a numpy Generator's state is a dict, a torch Generator's a tensor
-        g.set_state(state[name]) if isinstance(g, torch.Generator) else setattr(g.bit_generator, "state", state[name])
+    for name, g in generators.items():
+        if hasattr(g, "set_state"):
+            g.set_state(state[name])
+        else:
+            g.bit_generator.state = state[name]
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def save_checkpoint(path: Path, args, global_step: int, state: dict) -> None:
-    """Plain tensors and containers, written to a temporary file and renamed: a kill leaves the last one whole."""
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON or torch.save to a temporary file, then renamed: a kill leaves the last one whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args), "global_step": global_step, **state}, tmp)
+    tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
     os.replace(tmp, path)
 
 
 def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """Loaded on the CPU with weights_only=True (a stranger's checkpoint cannot run code); the algorithm
-    moves what it needs to its device. Refuses another script's or another environment's checkpoint."""
+    """On the CPU, weights_only: a stranger's checkpoint cannot run code; another run's is refused."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mapped: a replay is read when used
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
     except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt or not a checkpoint")
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt")
     if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by this library; pass a checkpoints/latest.pt")
-    elif ckpt["algo"] != ALGO:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py, not {SCRIPT}; use {ckpt['algo']}.py")
+        raise fail(f"{path} is not a checkpoint written by this library")
+    if ckpt["algo"] != ALGO:
+        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py")
     if env_id is not None and ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}, not {env_id}; pass --env-id {ckpt['env_id']}")
+        raise fail(f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
     return ckpt
 
 
 def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
-    """--resume's checkpoint; refused below its step or when an argument in `same` (sizes of what it holds) differs."""
+    """--resume's checkpoint; refused below its step or when a flag in `same` differs."""
     ckpt = load_checkpoint(args.resume, args.env_id)
     if ckpt.get("harness") != 1:
-        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT} whose checkpoints this one cannot continue; resume it with that version")
+        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there")
     if args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps {args.total_steps} is below the checkpoint's step {ckpt['global_step']}; pass at least that")
+        raise fail(f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+")
     for key in same:
         flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
-        was = (flag if theirs else "--no-" + flag[2:]) if isinstance(theirs, bool) else f"{flag} {theirs}"  # tyro spells a boolean --x / --no-x
-        if theirs != getattr(args, key):  # an older checkpoint may lack a flag added since: say so, no KeyError
-            raise fail(f"checkpoint {args.resume} " + (f"was made with {was}, not {getattr(args, key)}; pass {was}" if key in ckpt["args"]
-                                                        else f"predates {flag}; continue it with the {SCRIPT} that wrote it"))
+        if key not in ckpt["args"]:
+            raise fail(f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it")
+        was = f"{flag} {theirs}"
+        if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
+            was = flag if theirs else "--no-" + flag[2:]
+        if theirs != getattr(args, key):
+            raise fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
     return ckpt
 
 
 def run_dir_for(args, checkpoint: str | None) -> Path:
-    """--run-dir if given; for a resume or --eval-only, the folder that holds the checkpoint's
-    checkpoints/ folder where it lies now; else runs/<env>__<exp>__<seed>__<unix time>."""
     if args.run_dir:
         return Path(args.run_dir)
-    if checkpoint:
+    if checkpoint:  # --resume, --eval-only: the folder above the checkpoint's checkpoints/
         folder = Path(checkpoint).resolve().parent
         return folder.parent if folder.name == "checkpoints" else folder
-    return Path(f"runs/{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    return Path("runs", name)
 
 
-def write_eval_only(run_dir: Path, args, ckpt: dict, returns: list[float], **extra) -> None:
-    """eval.json of --eval-only, beside the run's own outputs."""
-    result = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"],
-              "checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"], **eval_stats(returns), **extra}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "eval.json", result)
-    print(f"eval at step {ckpt['global_step']:,}: {result['eval_mean']:.2f} +- {result['eval_std']:.2f} -> {run_dir / 'eval.json'}")
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> dict:
+    """The eval_* fields of summary.json and eval.json: `result` is returns or (returns, extra)."""
+    returns, extra = result if isinstance(result, tuple) else (result, {})
+    returns = [float(r) for r in returns]
+    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}
 
 
-def eval_stats(returns: list[float]) -> dict:  # the evaluation fields of summary.json and eval.json
-    return {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns)),
-            "eval_episodes": len(returns), "eval_returns": [float(r) for r in returns]}
+def write_eval_only(args, ckpt: dict, result, **extra) -> None:
+    """eval.json of --eval-only, in the run directory."""
+    path = run_dir_for(args, args.checkpoint) / "eval.json"
+    info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
+    info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
+    write_atomic(path, info := {**info, **eval_fields(result), **extra})
+    print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
 
 
-class StopSignal:
-    """True after the first SIGINT or SIGTERM (the loop checkpoints and leaves); a second one kills at once."""
+def stop_signal() -> list[int]:
+    """A list that the first SIGINT or SIGTERM makes true; a second one kills at once."""
+    caught = []
 
-    def __init__(self):
-        self.signum = None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    def _on_signal(self, signum, _frame) -> None:
-        self.signum = signum
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-
-    def __bool__(self) -> bool:
-        return self.signum is not None
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return caught
 
 
 def every(step: int, previous_step: int, interval: int) -> bool:
-    """True when a multiple of `interval` lies in (previous_step, step]; never when interval is 0."""
+    """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
     return interval > 0 and step // interval != previous_step // interval
 
 
 class RunLogger:
-    """TensorBoard events (and W&B with --track), config.json, the progress line and summary.json of
-    one run. `with RunLogger(...) as log:` finishes the W&B run with the right exit code on every way out.
-    SPS counts this process's env steps over its training loop: the last sps() call marks the loop's end."""
+    """config.json, TensorBoard (and W&B), progress, evaluations, checkpoints and summary.json."""
 
-    def __init__(self, args, run_dir: Path, start_step: int, resumed: bool, **config):
-        self.args, self.run_dir, self.start_step = args, run_dir, start_step
+    def __init__(self, args, run_dir: Path, start_step: int, total_steps: int, resumed, **config):
+        self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
+        self.start_step = self.step = start_step
         self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "config.json", {**asdict(args), "run_dir": str(run_dir), **config})
-        self.wandb = importlib.import_module("wandb") if args.track else None  # optional: imported only when asked
+        write_atomic(run_dir / "config.json", config := {**asdict(args), **config})
+        self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
-            self.wandb.init(project=args.wandb_project_name, config={**asdict(args), **config}, sync_tensorboard=True,
-                            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "online"), resume="allow")
-        # purge_step: points after the checkpoint's step came from after the save; hide them on resume.
+            init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
+            self.wandb.init(**init, dir=str(run_dir), name=run_dir.name, resume="allow")
+        # on resume, TensorBoard hides what an earlier attempt logged after the checkpoint
         self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
         if not resumed:
-            table = "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **config}.items())
+            table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent: deque = deque(maxlen=20)
-        self.loop_start = self.loop_end = self.last_print = time.time()
+        self.recent, self.loop_start = deque(maxlen=20), time.time()
+        self.last_print = self.loop_start
 
     def __enter__(self) -> "RunLogger":
         return self
@@ -782,43 +898,68 @@ class RunLogger:
         self.writer.close()
         if self.wandb is not None:
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
-            self.wandb.finish(exit_code=1 if failed else 0)
+            self.wandb.finish(exit_code=int(failed))
 
     def scalars(self, step: int, values: dict) -> None:
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), step)
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
-        self.scalars(step, {"charts/episodic_return": episodic_return, "charts/episodic_length": length})
         self.recent.append(float(episodic_return))
+        self.scalars(step, {"charts/episodic_return": self.recent[-1]})
+        self.scalars(step, {"charts/episodic_length": length})
 
-    def sps(self, step: int) -> float:
-        self.loop_end = time.time()
-        return (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9)
-
-    def progress(self, step: int, total_steps: int) -> None:
-        if time.time() - self.last_print < 5:
-            return
-        self.last_print = time.time()
-        sps, ret = self.sps(step), f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
-        eta = (total_steps - step) / max(sps, 1e-9)
-        print(f"step {step:,}/{total_steps:,} | {sps:.0f} SPS | return {ret} | eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m", flush=True)
+    def sps(self, step: int) -> float:  # env steps per second of this process's training loop
+        return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
         if not torch.isfinite(value).all():
-            raise fail(f"non-finite loss at step {step:,} (the last good checkpoint, if any, is kept: {self.checkpoint}); try lower learning rates")
+            raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
-    def interrupted(self, step: int) -> None:
-        print(f"interrupted: checkpoint saved at step {step:,} to {self.checkpoint}; continue with --resume {self.checkpoint}", flush=True)
+    def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
+        """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
+        result = eval_fields(evaluate(video_dir))
+        extra = {"eval/" + k[5:]: v for k, v in result.items() if k not in EVAL_FIELDS}
+        if not stop:
+            self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
+            return result
 
-    def summary(self, step: int, returns: list[float], **extra) -> None:
-        """summary.json, written only by a finished run (its presence means "finished")."""
-        write_json(self.run_dir / "summary.json", {
-            "script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed, "global_step": step,
-            **eval_stats(returns), "wall_time_s": time.time() - PROCESS_START,
-            "sps": (step - self.start_step) / max(self.loop_end - self.loop_start, 1e-9),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra})
-        print(f"done: {step:,} steps, eval {np.mean(returns):.2f} +- {np.std(returns):.2f} -> {self.run_dir}", flush=True)
+    def end_iteration(self, step: int, stop, evaluate, state) -> None:
+        """Evaluate and save as their intervals pass (finish() does both at the end); progress."""
+        previous, self.step = self.step, step
+        if stop or step >= self.total_steps:
+            return
+        if every(step, previous, self.args.eval_interval):
+            self.evaluate(step, evaluate, stop)
+        if every(step, previous, self.args.checkpoint_interval):
+            self.save(step, state())
+        if time.time() - self.last_print >= 5:
+            self.last_print, sps = time.time(), self.sps(step)
+            ret = np.mean(self.recent) if self.recent else float("nan")
+            eta = int((self.total_steps - step) / max(sps, 1e-9))
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret:.1f}"
+            print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
+
+    def save(self, step: int, state: dict) -> None:
+        meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
+        write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
+
+    def finish(self, step: int, stop, evaluate, state, **extra) -> None:
+        """Save; unless a signal came, evaluate (with videos) and write summary.json ("finished")."""
+        sps = self.sps(step)
+        self.save(step, state())
+        video_dir = self.run_dir / "videos" if self.args.capture_video else None
+        result = None if stop else self.evaluate(step, evaluate, stop, video_dir)
+        if result is None:
+            return print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
+        info = {"script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed}
+        info |= {"global_step": step, "sps": sps, **result, **extra}
+        write_atomic(self.run_dir / "summary.json", info)
+        print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
+
+
+EVAL_FIELDS = ("eval_mean", "eval_std", "eval_episodes", "eval_returns")
+
 
 if __name__ == "__main__":
     train(tyro.cli(Args))

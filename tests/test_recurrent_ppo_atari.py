@@ -8,17 +8,22 @@ truncation); a reset at an episode start equals a fresh sequence from there, wit
 per span. A scripted fake of AtariVectorEnv (SameStep autoreset) drives these and the in-process
 runs: resume equivalence (same weights and metrics as the uninterrupted run), the non-finite-loss
 stop, evaluation (capped games, its own RNG). The life/FIRE protocols: FIRE forced after a lost life
-under baselines (masked out of the policy loss, in evaluation, on the real game), neither under machado. Tiny runs on the real emulator by subprocess: outputs,
-determinism with a different-seed control, copy-alone on a v5 id with --frame-stack 4, eval-only
-with video. Every bad-input message. (The CUDA test lives with the lead's cross-file CUDA tests.)
+under baselines (masked out of every policy term: surrogate, entropy, advantage statistics, approx
+KL, clip fraction; in evaluation; on the real game), neither under machado; with a frame stack, a
+lost life clears the stack as it clears the memory (rollout, bootstrap, evaluation, video). Tiny
+runs on the real emulator by subprocess: outputs, determinism with a different-seed control,
+copy-alone on a v5 id with --frame-stack 4, eval-only with video. Every bad-input message. (The
+CUDA run is in tests/test_cuda.py.)
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import signal
 import sys
+from dataclasses import asdict
 
 import gymnasium as gym
 import numpy as np
@@ -52,7 +57,7 @@ TINY = (
     "1",
     "--max-episode-frames",
     "2000",
-    "--lstm-hidden-size",
+    "--hidden-dim",
     "32",
 )
 
@@ -148,14 +153,14 @@ def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1, baselines=True):
     with torch.no_grad():  # a livelier memory than at init, so a missed reset would show
         agent.lstm.weight_hh_l0.mul_(3.0)
         agent.actor.weight.mul_(100.0)
-    envs = FakeAtari(
+    fake = FakeAtari(
         2, frame_stack, lambda c, i: SCRIPTED.get((c, i)), fire=1 if baselines else None
     )
+    envs = rppo.LifeProtocol(fake, baselines)
     ro = rppo.Rollout(T, 2, seq_len, frame_stack, hidden, torch.device("cpu"))
-    obs, info = envs.reset(seed=0)
-    ro.restart(obs, info["lives"], agent)
-    assert rppo.collect(agent, envs, ro, 0, NoLog(), baselines) == 2 * T
-    return agent, envs, ro
+    ro.restart(envs.reset(seed=0), agent)
+    assert rppo.collect(agent, envs, ro, 0, NoLog()) == 2 * T
+    return agent, fake, ro
 
 
 def stepwise(agent, obs, state, starts):
@@ -288,6 +293,70 @@ def test_ppo_losses_leave_forced_steps_out_of_the_policy_loss():
     assert vl.item() == vl_m.item() == pytest.approx(0.5 * (1 + 0 + 4) / 3)
 
 
+def test_ppo_losses_leave_forced_steps_out_of_approx_kl_and_clipfrac():
+    """Only the forced step 1 moved (ratio e, far outside the clip): with acted = (1, 0, 1) the
+    approximate KL (which drives --target-kl) and the clip fraction see no change; unmasked they do."""
+    t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
+    old, new, zeros = t([-1.0, -2.0, -0.5]), t([-1.0, -1.0, -0.5]), torch.zeros(3)
+    _, _, kl, clipfrac = rppo.ppo_losses(
+        new, old, zeros, zeros, zeros, zeros, 0.1, False, t([1.0, 0.0, 1.0])
+    )
+    assert kl.item() == 0 and clipfrac.item() == 0
+    _, _, kl_all, clipfrac_all = rppo.ppo_losses(new, old, zeros, zeros, zeros, zeros, 0.1, False)
+    assert kl_all.item() == pytest.approx((np.e - 2) / 3) and clipfrac_all.item() == pytest.approx(
+        1 / 3
+    )
+
+
+def minibatch_step(agent, obs, actions, old_logprob, old_value, adv, returns, policy_steps):
+    """Reference: one plain gradient step (SGD, lr 1) on the loss of one whole-rollout minibatch,
+    with the entropy bonus and the advantage statistics taken over `policy_steps` (bool)."""
+    logits, value, _ = agent(obs, agent.initial_state(obs.shape[1], "cpu"), torch.zeros(8, 2))
+    dist = Categorical(logits=logits)
+    chosen = adv[policy_steps]
+    adv = (adv - chosen.mean()) / (chosen.std() + 1e-8)
+    ratio = (dist.log_prob(actions) - old_logprob).exp()
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(0.9, 1.1))[~torch.from_numpy(FORCED)].mean()
+    v_clipped = old_value + (value - old_value).clamp(-0.1, 0.1)
+    v_loss = 0.5 * torch.max((value - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    loss = pg - 0.5 * dist.entropy()[policy_steps].mean() + 0.5 * v_loss
+    grads = torch.autograd.grad(loss, list(agent.parameters()))
+    return [(p - g).detach() for p, g in zip(agent.parameters(), grads)]
+
+
+FORCED = np.zeros((8, 2), bool)
+FORCED[2, 0] = FORCED[5, 1] = True  # two forced FIRE steps (acted = 0)
+
+
+def test_update_leaves_forced_steps_out_of_entropy_and_advantage_statistics():
+    """One minibatch of two whole 8-step sequences, one epoch, SGD with lr 1: the weights move by
+    minus the gradient of the loss whose entropy bonus and advantage normalisation cover only the
+    policy's steps. The forced steps carry large advantages, so counting them would show."""
+    torch.manual_seed(0)
+    agent = rppo.Agent(4, 1, 8)
+    ro = rppo.Rollout(8, 2, 8, 1, 8, "cpu")  # seq_len = T: sequence n is env n, as (T, N)
+    ro.obs.copy_(torch.randint(0, 256, ro.obs.shape, dtype=torch.uint8))
+    ro.actions.copy_(torch.randint(0, 4, (8, 2)))
+    ro.acted[:] = ~FORCED
+    with torch.no_grad():
+        logits, values, _ = agent(ro.obs, agent.initial_state(2, "cpu"), torch.zeros(8, 2))
+    ro.logprobs.copy_(Categorical(logits=logits).log_prob(ro.actions) - 0.05 * torch.randn(8, 2))
+    ro.values.copy_(values + 0.1 * torch.randn(8, 2))
+    adv, returns = torch.randn(8, 2), torch.randn(8, 2)
+    adv[torch.from_numpy(FORCED)] = 20.0
+    args = rppo.Args(num_envs=2, num_steps=8, seq_len=8, num_minibatches=1, update_epochs=1)
+    args.ent_coef, args.max_grad_norm = 0.5, 1e9
+    ref_args = (ro.obs, ro.actions, ro.logprobs, ro.values, adv, returns)
+    policy_steps = torch.from_numpy(~FORCED)
+    expected = minibatch_step(copy.deepcopy(agent), *ref_args, policy_steps)
+    unmasked = minibatch_step(copy.deepcopy(agent), *ref_args, torch.ones(8, 2, dtype=torch.bool))
+    optimizer = torch.optim.SGD(agent.parameters(), lr=1.0)
+    rppo.update(agent, optimizer, ro, adv, returns, args, torch.Generator().manual_seed(0))
+    for param, want, other in zip(agent.parameters(), expected, unmasked):
+        torch.testing.assert_close(param.detach(), want, rtol=1e-4, atol=1e-6)
+    assert max((w - o).abs().max() for w, o in zip(expected, unmasked)) > 1e-3  # it can fail
+
+
 def test_replay_without_the_resets_would_differ():
     """Control: the same replay with the start flags cleared no longer matches (the test can fail)."""
     agent, _, ro = scripted_rollout(seq_len=8)
@@ -394,7 +463,8 @@ def test_evaluate_counts_capped_games_resets_memory_and_keeps_training_rng(monke
     agent, before = rppo.Agent(4, 1, 8), torch.get_rng_state()
     agent.register_forward_hook(lambda module, inputs, output: starts.append(inputs[2][0].tolist()))
     atari = dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=1, baselines=True)
-    scores, capped = rppo.evaluate(agent, atari, 3, 10_001, "cpu")
+    scores, extra = rppo.evaluate(agent, atari, 3, 10_001, "cpu")
+    capped = extra["eval_capped_games"]
     assert capped == 1 and made[0].c == 7  # the games end at steps 4 (cut), 6 and 1
     assert [s[1] for s in starts] == [
         1,
@@ -407,7 +477,7 @@ def test_evaluate_counts_capped_games_resets_memory_and_keeps_training_rng(monke
     ]  # env 1: a new game, then a lost life after step 2
     assert starts[5][0] == 1 and starts[2][2] == 1  # env 0 after its cut, env 2 after its game over
     assert torch.equal(torch.get_rng_state(), before)
-    assert rppo.evaluate(agent, atari, 3, 10_001, "cpu") == (scores, capped)
+    assert rppo.evaluate(agent, atari, 3, 10_001, "cpu") == (scores, extra)
 
 
 class NoopPolicy(torch.nn.Module):
@@ -460,9 +530,87 @@ def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, ended):
     envs = rppo.make_envs(1, **atari)
     assert envs.fire == (1 if ended else None)
     envs.close()
-    scores, capped = rppo.evaluate(NoopPolicy(), atari, 1, 10_001, "cpu")
-    assert capped == (0 if ended else 1)
+    scores, extra = rppo.evaluate(NoopPolicy(), atari, 1, 10_001, "cpu")
+    assert extra["eval_capped_games"] == (0 if ended else 1)
     assert ended or scores == [0.0]
+
+
+@pytest.mark.parametrize("baselines", [True, False])
+def test_a_lost_life_clears_the_frame_stack(baselines):
+    """--frame-stack 4: the memory restarts after a lost life under baselines, and so does the
+    stack, as at a new game (EpisodicLife's reset refills it): the 3, 2, 1 oldest frames of the
+    next three observations are zero. Under machado, and after a game over, nothing is cleared."""
+    _, _, ro = scripted_rollout(seq_len=8, frame_stack=4, baselines=baselines)
+    zero = {
+        (t, n): (ro.obs[t, n].flatten(1).amax(1) == 0).tolist() for t in range(24) for n in (0, 1)
+    }
+    expected = {key: [False] * 4 for key in zero}
+    for t, n in AFTER_LIFE if baselines else ():
+        for k in range(3):
+            expected[t + k, n] = [True] * (3 - k) + [False] * (k + 1)
+    assert zero == expected
+
+
+def test_a_cut_soon_after_a_lost_life_bootstraps_from_the_cleared_stack():
+    """The final observation of a time-limit cut 2 steps after a lost life keeps 1 stale frame
+    (zeroed), as its observation would have."""
+    events = {(0, 0): "life", (2, 0): "cut"}
+    envs = rppo.LifeProtocol(FakeAtari(1, 4, lambda c, i: events.get((c, i))), True)
+    envs.reset(seed=0)
+    finals = [envs.step(np.zeros(1, np.int64))[-1] for _ in range(3)]
+    assert finals[:2] == [None, None]
+    assert (finals[2][0].reshape(4, -1).max(1) == 0).tolist() == [True, False, False, False]
+
+
+def test_evaluate_clears_the_frame_stack_after_a_lost_life(monkeypatch):
+    """Evaluation stacks frames as training does: env 0 loses a life in its 2nd step, so the next
+    observation's oldest frame (of 2) is zero; env 1 never loses one."""
+    events = {(1, 0): "life", (4, 0): "over", (4, 1): "over"}
+    monkeypatch.setattr(
+        rppo, "make_envs", lambda n, **atari: FakeAtari(n, 2, lambda c, i: events.get((c, i)))
+    )
+    torch.manual_seed(0)
+    agent, oldest = rppo.Agent(4, 2, 8), []
+    agent.register_forward_hook(
+        lambda module, inputs, output: oldest.append(inputs[0][0, :, 0].flatten(1).amax(1).tolist())
+    )
+    atari = dict(game="breakout", sticky=0.0, max_frames=100, frame_stack=2, baselines=True)
+    rppo.evaluate(agent, atari, 2, 10_001, "cpu")
+    assert [[m == 0 for m in env_max] for env_max in oldest] == [
+        [False, False],
+        [False, False],
+        [True, False],
+        [False, False],
+        [False, False],
+    ]
+
+
+class StackSpy(torch.nn.Module):
+    """NoopPolicy that records each step's start flag and the peak pixel of each stacked frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.noop, self.seen = NoopPolicy(), []
+
+    def initial_state(self, batch, device):
+        return self.noop.initial_state(batch, device)
+
+    def forward(self, obs, state, starts):
+        self.seen.append((float(starts[0, 0]), obs[0, 0].flatten(1).amax(1).tolist()))
+        return self.noop(obs, state, starts)
+
+
+def test_video_game_clears_the_frame_stack_after_a_lost_life(monkeypatch, tmp_path):
+    """The recorded game (real Breakout, NOOP with FIRE forced, 5 lives) stacks as training does."""
+    monkeypatch.setattr(rppo.gym.wrappers, "RecordVideo", lambda env, *args, **kwargs: env)
+    spy = StackSpy()
+    atari = dict(game="breakout", sticky=0.0, max_frames=20_000, frame_stack=4, baselines=True)
+    rppo.record_video(spy, atari, tmp_path, 1, "cpu")
+    starts = [i for i, (start, _) in enumerate(spy.seen) if start == 1.0]
+    assert len(starts) == 5  # the game's first observation, then one after each of 4 lost lives
+    for i in starts[1:]:
+        assert [m == 0 for m in spy.seen[i][1]] == [True, True, True, False]
+        assert [m == 0 for m in spy.seen[i + 1][1]] == [True, True, False, False]
 
 
 # ------------------------------------------------------------------ in process on the fake env
@@ -489,7 +637,7 @@ FAKE_ARGS = dict(
     num_minibatches=2,
     update_epochs=2,
     eval_episodes=1,
-    lstm_hidden_size=16,
+    hidden_dim=16,
     device="cpu",
     checkpoint_interval=0,
 )
@@ -502,7 +650,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, restore_signals,
     rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, run_dir=str(tmp_path / "a")))
     monkeypatch.setattr(rppo, "make_envs", fake_factory(sigterm_at=10))
     rppo.train(rppo.Args(**FAKE_ARGS, total_steps=128, run_dir=str(tmp_path / "b")))
-    assert "interrupted: checkpoint saved at step 64" in capsys.readouterr().out
+    assert "interrupted: continue with --resume" in capsys.readouterr().out
     assert not (tmp_path / "b" / "summary.json").exists()
     monkeypatch.setattr(rppo, "make_envs", fake_factory())
     rppo.train(
@@ -584,7 +732,7 @@ def test_non_finite_loss_stops_in_one_line(tmp_path, monkeypatch):
         (dict(num_envs=0), "--num-envs must be positive"),
         (dict(num_minibatches=0), "--num-minibatches must be positive"),
         (dict(frame_stack=0), "--frame-stack must be positive"),
-        (dict(lstm_hidden_size=-1), "--lstm-hidden-size must be positive"),
+        (dict(hidden_dim=-1), "--hidden-dim must be positive"),
         (dict(learning_rate=0.0), "--learning-rate must be positive"),
         (dict(max_episode_frames=0), "--max-episode-frames must be positive"),
         (dict(gamma=1.5), "--gamma must be in [0, 1], got 1.5"),
@@ -625,18 +773,19 @@ def test_bad_args(kwargs, fragment, tmp_path):
 def test_checkpoint_refusals(tmp_path):
     args = rppo.Args(seq_len=8, num_steps=32, num_envs=2)
     path = tmp_path / "run" / "checkpoints" / "latest.pt"
-    rppo.save_checkpoint(path, args, 64, {"agent": {}})
+    meta = {"algo": "recurrent_ppo_atari", "harness": 1, "env_id": args.env_id}
+    rppo.write_atomic(path, {**meta, "args": asdict(args), "global_step": 64, "agent": {}})
     for kwargs, fragment in [
-        (dict(seq_len=16), "was made with --seq-len 8, not 16; pass --seq-len 8"),
-        (dict(seq_len=8, frame_stack=4), "--frame-stack 1, not 4"),
+        (dict(seq_len=16), "was made with --seq-len 8; pass --seq-len 8"),
+        (dict(seq_len=8, frame_stack=4), "was made with --frame-stack 1; pass --frame-stack 1"),
         (
             dict(seq_len=8, protocol="machado"),
-            "was made with --protocol auto, not machado; pass --protocol auto",
+            "was made with --protocol auto; pass --protocol auto",
         ),
-        (dict(seq_len=8, env_id="ALE/Pong-v5"), "is for BreakoutNoFrameskip-v4, not ALE/Pong-v5"),
+        (dict(seq_len=8, env_id="ALE/Pong-v5"), "is for BreakoutNoFrameskip-v4; pass --env-id"),
         (
             dict(seq_len=8, num_steps=16, total_steps=32),
-            "--total-steps 32 is below the checkpoint's step 64",
+            "--total-steps is below the checkpoint's step; pass 64+",
         ),
     ]:
         with pytest.raises(SystemExit, match=fragment.replace("(", r"\(").replace(")", r"\)")):
@@ -651,7 +800,7 @@ def test_checkpoint_refusals(tmp_path):
         {"algo": "ppo_atari", "env_id": "BreakoutNoFrameskip-v4", "args": {}, "global_step": 0},
         tmp_path / "other.pt",
     )
-    with pytest.raises(SystemExit, match="written by ppo_atari.py, not recurrent_ppo_atari.py"):
+    with pytest.raises(SystemExit, match="written by ppo_atari.py; use ppo_atari.py"):
         rppo.train(rppo.Args(eval_only=True, checkpoint=str(tmp_path / "other.pt")))
 
 
@@ -677,9 +826,7 @@ def test_run_outputs(base_run):
         "eval_std",
         "eval_episodes",
         "eval_returns",
-        "wall_time_s",
         "sps",
-        "peak_rss_mb",
         "eval_capped_games",
     ):
         assert key in s, key
@@ -745,7 +892,7 @@ def test_eval_only_repeats_the_final_evaluation_with_video(base_run, restore_sig
         1,
     )
     result = json.loads((base_run.parent / "moved" / "eval.json").read_text())
-    assert result["eval_capped_games"] == 0 and result["video_return"] >= 0
+    assert result["eval_capped_games"] == 0 and result["eval_video_return"] >= 0
     assert list((base_run.parent / "moved" / "videos").glob("*.mp4"))
 
 
