@@ -138,7 +138,7 @@ def drive(env, buffer, naive, steps, rng):
         actions = rng.integers(0, 4, env.n)
         next_obs, reward, terminated, truncated, info = env.step(actions)
         _, lives, flat, _ = dqn.store_step(
-            buffer, obs, actions, reward, next_obs, terminated, truncated, info, lives, True
+            buffer, obs, actions, reward, next_obs, terminated, truncated, info, lives, "baselines"
         )
         real_next = np.stack(
             [
@@ -179,7 +179,7 @@ def test_store_step_marks_only_real_life_losses():
         truncated,
         info,
         lives,
-        True,
+        "baselines",
     )
     s, s_next, a, r, d = rb.get(ids)
     assert d.tolist() == [False, True, False, True] and lost.tolist() == [
@@ -226,8 +226,8 @@ def test_buffer_matches_naive_on_synthetic_stream(num_envs, capacity):
     assert buffer.valid.reshape(-1)[sampled].all()
     assert_same(buffer, naive, mapping, sampled.tolist())
     batch = buffer.sample(256, np.random.default_rng(0))
-    for x, y in zip(batch, buffer.get(sampled)):
-        np.testing.assert_array_equal(x, y)
+    for x, y in zip(batch, buffer.get(sampled)):  # as tensors
+        np.testing.assert_array_equal(x.numpy(), y)
     # a round trip through the checkpoint form keeps every transition (the envs restart afterwards)
     restored = dqn.FrameReplayBuffer(capacity, num_envs, frame_shape=(7, 7))
     restored.load_state_dict(buffer.state_dict())
@@ -242,7 +242,7 @@ def test_buffer_matches_naive_on_real_env_stream():
         n = 2
 
         def __init__(self):
-            self.env = dqn.make_env(dqn.Args(max_episode_frames=600), 2)
+            self.env = dqn.make_envs(dqn.Args(max_episode_frames=600), 2)
 
         def reset(self):
             obs, info = self.env.reset(seed=3)
@@ -319,11 +319,11 @@ def test_every_gymnasium_atari_id_maps_to_its_rom():
         "MsPacmanNoFrameskip-v4",
     } <= set(ids) and len(ids) > 150
     for env_id in ids:
-        assert dqn.atari_game(env_id) == (
+        assert dqn.atari_protocol(env_id) == (
             gym.spec(env_id).kwargs["game"],
             0.25 if env_id.endswith("-v5") else 0.0,
         ), env_id
-    assert dqn.atari_game("TicTacToe3DNoFrameskip-v4") == (
+    assert dqn.atari_protocol("TicTacToe3DNoFrameskip-v4") == (
         "tic_tac_toe_3d",
         0.0,
     )  # every ROM, registered as v4 or not
@@ -345,7 +345,7 @@ def test_every_gymnasium_atari_id_maps_to_its_rom():
 )
 def test_unknown_env_ids_refused_in_one_line(env_id, fragment):
     with pytest.raises(SystemExit) as e:
-        dqn.atari_game(env_id)
+        dqn.atari_protocol(env_id)
     assert (
         str(e.value).startswith("dqn_atari.py: error:")
         and "\n" not in str(e.value)
@@ -418,7 +418,7 @@ FAST = dict(
 
 @pytest.fixture
 def fake_games(monkeypatch, restore_signals):
-    monkeypatch.setattr(dqn, "make_env", FakeGames)
+    monkeypatch.setattr(dqn, "make_envs", FakeGames)
 
 
 @pytest.mark.slow
@@ -534,7 +534,7 @@ def test_nonfinite_loss_stops_in_one_line_and_keeps_the_last_checkpoint(
         dqn, "update", lambda *a: (lambda loss, q: (loss * float("nan"), q))(*real_update(*a))
     )
     run = tmp_path / "nan"
-    with pytest.raises(SystemExit, match="non-finite loss at step 41 ") as e:
+    with pytest.raises(SystemExit, match="non-finite loss at step 41;") as e:
         dqn.train(
             dqn.Args(
                 **{**FAST, "checkpoint_interval": 20}, total_steps=100, track=True, run_dir=str(run)
@@ -609,11 +609,13 @@ def test_signal_skips_due_evaluation_saves_and_second_signal_kills(
     )
 
 
-def test_evaluation_gives_way_to_a_stop_signal(fake_games):
-    assert (
-        dqn.evaluate(dqn.QNetwork(4), dqn.Args(), torch.device("cpu"), 2, stop=[signal.SIGTERM])
-        is None
-    )
+def test_evaluation_gives_way_to_a_stop_signal(monkeypatch):
+    """With a stop signal already caught, evaluation plays no step (the logger ignores its result)."""
+    games = ScriptedGames([{6: "term"}, {6: "term"}])
+    monkeypatch.setattr(dqn, "make_envs", lambda args, n: games)
+    args, cpu = dqn.Args(eval_epsilon=0.0), torch.device("cpu")
+    assert dqn.evaluate(Noop(), args, cpu, 2, stop=[signal.SIGTERM]) == [0.0, 0.0]
+    assert games.actions == []
 
 
 @pytest.mark.parametrize("protocol", ["baselines", "machado"])
@@ -661,7 +663,7 @@ def test_evaluate_presses_fire_after_a_lost_life(monkeypatch):
     """The step after env 0 loses a life (step 2) presses FIRE (action 1) whatever the greedy policy
     picks; env 1 never loses one and is never forced."""
     games = ScriptedGames([{2: "life", 6: "term"}, {6: "term"}])
-    monkeypatch.setattr(dqn, "make_env", lambda args, n: games)
+    monkeypatch.setattr(dqn, "make_envs", lambda args, n: games)
     assert dqn.evaluate(Noop(), dqn.Args(eval_epsilon=0.0), torch.device("cpu"), 2) == [6.0, 6.0]
     assert [a.tolist() for a in games.actions] == [[0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]]
 
@@ -671,7 +673,7 @@ def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, monkeypatch
     """A greedy NOOP policy on the real game: under baselines FIRE launches the ball at reset and after each
     of the first 4 lost lives, so all 5 are lost and the game ends; under machado the ball is never launched
     and the game runs to the frame limit with score 0. (FIRE at reset only would lose one life, then stall.)"""
-    real, fires, ends = dqn.make_env, [], []
+    real, fires, ends = dqn.make_envs, [], []
 
     def spy(args, n):
         env = real(args, n)
@@ -687,7 +689,7 @@ def test_noop_policy_on_real_breakout_follows_the_protocol(protocol, monkeypatch
         env.step = recording_step
         return env
 
-    monkeypatch.setattr(dqn, "make_env", spy)
+    monkeypatch.setattr(dqn, "make_envs", spy)
     returns = dqn.evaluate(
         Noop(),
         dqn.Args(protocol=protocol, max_episode_frames=20_000, eval_epsilon=0.0),
@@ -780,9 +782,7 @@ def test_tiny_run_outputs(base_run):
         "eval_std",
         "eval_episodes",
         "eval_returns",
-        "wall_time_s",
         "sps",
-        "peak_rss_mb",
     ):
         assert key in s
     assert (
@@ -791,7 +791,7 @@ def test_tiny_run_outputs(base_run):
         and s["script"] == "dqn_atari.py"
         and "interrupted" not in s
     )
-    assert s["wall_time_s"] > 600 / s["sps"]  # the whole process vs. the training loop alone
+    assert s["sps"] > 0
     assert json.loads((base_run / "config.json").read_text())["exploration_steps"] == pytest.approx(
         60
     )  # 0.1 x 600
@@ -977,7 +977,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert "interrupted: checkpoint saved" in out
+    assert "interrupted: continue with --resume" in out
     assert (
         load(run_dir / "checkpoints" / "latest.pt")["global_step"] < 100000
         and not (run_dir / "summary.json").exists()
@@ -1020,24 +1020,21 @@ def bad_checkpoints(tmp_path_factory):
 BAD = [
     (
         {"env_id": "CartPole-v1"},
-        "'CartPole-v1' is not a pixel Atari id (<Game>NoFrameskip-v4 or ALE/<Game>-v5); it has vector observations: use ppg.py",
+        "'CartPole-v1' is not a pixel Atari id (<Game>NoFrameskip-v4, ALE/<Game>-v5); it has vector observations: use ppg.py",
     ),
     ({"env_id": "Pendulum-v1"}, "its actions are continuous: use d4pg.py, naf.py or rlpd.py"),
     ({"env_id": "NoSuchGameNoFrameskip-v4"}, "no Atari ROM named 'NoSuchGame'"),
     ({"total_steps": 0}, "--total-steps must be positive, got 0"),
     ({"eval_episodes": 0}, "--eval-episodes must be at least 1, got 0"),
-    ({"eval_interval": -1}, "--eval-interval and --checkpoint-interval must be >= 0"),
+    ({"eval_interval": -1}, "intervals must be >= 0"),
     ({"num_envs": 0}, "--num-envs must be >= 1, got 0"),
     ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
     ({"target_network_frequency": 0}, "--target-network-frequency must be >= 1, got 0"),
     ({"train_frequency": 0}, "--train-frequency must be >= 1, got 0"),
     ({"max_episode_frames": 0}, "--max-episode-frames must be >= 1, got 0"),
-    ({"buffer_size": 10}, "--buffer-size 10 leaves under 16 slots per env; use at least 16"),
-    (
-        {"buffer_size": 40, "num_envs": 4},
-        "--buffer-size 40 leaves under 16 slots per env; use at least 64",
-    ),
-    ({"learning_starts": 8}, "--learning-starts 8 is below --batch-size 32; raise it"),
+    ({"buffer_size": 10}, "--buffer-size must be >= 16 (16 slots per env)"),
+    ({"buffer_size": 40, "num_envs": 4}, "--buffer-size must be >= 64 (16 slots per env)"),
+    ({"learning_starts": 8}, "--learning-starts must be >= --batch-size 32"),
     ({"learning_starts": -1}, "--learning-starts must be >= 0, got -1"),
     ({"gamma": 1.5}, "--gamma must be in [0, 1], got 1.5"),
     ({"start_e": -0.5}, "--start-e must be in [0, 1], got -0.5"),
@@ -1050,26 +1047,26 @@ BAD = [
     ({"eval_only": True}, "--eval-only needs --checkpoint PATH"),
     ({"eval_only": True, "checkpoint": "{d}/at10.pt", "resume": "{d}/at10.pt"}, "cannot --resume"),
     ({"eval_only": True, "checkpoint": "{d}/missing.pt"}, "does not exist"),
-    ({"resume": "{d}/corrupt.pt"}, "it is corrupt or not a checkpoint"),
-    ({"resume": "{d}/other.pt"}, "was written by ppo_atari.py, not dqn_atari.py; use ppo_atari.py"),
+    ({"resume": "{d}/corrupt.pt"}, "it is corrupt"),
+    ({"resume": "{d}/other.pt"}, "was written by ppo_atari.py; use ppo_atari.py"),
     (
         {"resume": "{d}/pong.pt"},
-        "is for ALE/Pong-v5, not BreakoutNoFrameskip-v4; pass --env-id ALE/Pong-v5",
+        "is for ALE/Pong-v5; pass --env-id ALE/Pong-v5",
     ),
-    ({"resume": "{d}/eight.pt"}, "was made with --num-envs 8, not 1; pass --num-envs 8"),
+    ({"resume": "{d}/eight.pt"}, "was made with --num-envs 8; pass --num-envs 8"),
     (
         {"resume": "{d}/eight.pt", "num_envs": 8, "buffer_size": 1000},
-        "was made with --buffer-size 1000000, not 1000",
+        "was made with --buffer-size 1000000; pass --buffer-size 1000000",
     ),
     (
         {"resume": "{d}/at10.pt", "protocol": "machado"},
-        "was made with --protocol auto, not machado; pass --protocol auto",
+        "was made with --protocol auto; pass --protocol auto",
     ),
     ({"resume": "{d}/incomplete.pt"}, "is incomplete (no q_network, exploration_steps)"),
     ({"eval_only": True, "checkpoint": "{d}/incomplete.pt"}, "is incomplete (no q_network)"),
     (
         {"resume": "{d}/at10.pt", "total_steps": 5},
-        "--total-steps 5 is below the checkpoint's step 10",
+        "--total-steps is below the checkpoint's step; pass 10+",
     ),
 ]
 
@@ -1103,7 +1100,7 @@ def test_bad_input_on_the_command_line(tmp_path):
     torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
 )
 def test_cuda_without_cuda_is_one_line():
-    with pytest.raises(SystemExit, match="--device cuda but CUDA is not available"):
+    with pytest.raises(SystemExit, match="CUDA is not available"):
         dqn.train(dqn.Args(device="cuda"))
 
 
