@@ -578,9 +578,8 @@ def check_flags(args, rows: list[tuple[bool, str]]) -> None:
 
 def seed_and_pick_device(args) -> torch.device:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)  # the CPU's and every CUDA device's
+    for seed in (random.seed, np.random.seed, torch.manual_seed):  # torch: CPU and every GPU
+        seed(args.seed)
     torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -591,9 +590,8 @@ def rng_state(**generators) -> dict:
     """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
     state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
     state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
-    if torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    cuda = torch.cuda.is_initialized()
+    return state | ({"cuda": torch.cuda.get_rng_state_all()} if cuda else {})
 
 
 def set_rng_state(state: dict, **generators) -> None:
@@ -606,8 +604,7 @@ def set_rng_state(state: dict, **generators) -> None:
         torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
-def write_atomic(path: Path, data: dict) -> None:
-    """JSON or torch.save to a temporary file, then renamed: a kill leaves the last one whole."""
+def write_atomic(path: Path, data: dict) -> None:  # a kill mid-write leaves the last one whole
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
@@ -615,7 +612,7 @@ def write_atomic(path: Path, data: dict) -> None:
 
 
 def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """On the CPU, weights_only: a stranger's checkpoint cannot run code; another run's is refused."""
+    """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
@@ -660,20 +657,19 @@ def run_dir_for(args, checkpoint: str | None) -> Path:
     return Path("runs", name)
 
 
-def eval_fields(result: list[float] | tuple[list[float], dict]) -> dict:
-    """The eval_* fields of summary.json and eval.json: `result` is returns or (returns, extra)."""
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
+    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value})."""
     returns, extra = result if isinstance(result, tuple) else (result, {})
     returns = [float(r) for r in returns]
     stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
-    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
 
 
 def write_eval_only(args, ckpt: dict, result, **extra) -> None:
-    """eval.json of --eval-only, in the run directory."""
     path = run_dir_for(args, args.checkpoint) / "eval.json"
     info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
     info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
-    write_atomic(path, info := {**info, **eval_fields(result), **extra})
+    write_atomic(path, info := {**info, **eval_fields(result)[0], **extra})
     print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
 
 
@@ -716,7 +712,7 @@ class RunLogger:
         self.recent, self.loop_start = deque(maxlen=20), time.time()
         self.last_print = self.loop_start
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, kind, error, _traceback) -> None:
@@ -734,7 +730,7 @@ class RunLogger:
         self.scalars(step, {"charts/episodic_return": self.recent[-1]})
         self.scalars(step, {"charts/episodic_length": length})
 
-    def sps(self, step: int) -> float:  # env steps per second of this process's training loop
+    def sps(self, step: int) -> float:
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
@@ -743,9 +739,9 @@ class RunLogger:
 
     def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
         """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
-        result = eval_fields(evaluate(video_dir))
-        extra = {"eval/" + k[5:]: v for k, v in result.items() if k not in EVAL_FIELDS}
+        result, extra = eval_fields(evaluate(video_dir))
         if not stop:
+            extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
             self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
             return result
 
@@ -756,11 +752,11 @@ class RunLogger:
             return
         if every(step, previous, self.args.eval_interval):
             self.evaluate(step, evaluate, stop)
-        if every(step, previous, self.args.checkpoint_interval):
-            self.save(step, state())
+        if every(step, previous, self.args.checkpoint_interval) and not stop:
+            self.save(step, state())  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.last_print, sps = time.time(), self.sps(step)
-            ret = np.mean(self.recent) if self.recent else float("nan")
+            ret = np.mean(self.recent or [np.nan])
             eta = int((self.total_steps - step) / max(sps, 1e-9))
             line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret:.1f}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
@@ -770,7 +766,7 @@ class RunLogger:
         write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
 
     def finish(self, step: int, stop, evaluate, state, **extra) -> None:
-        """Save; unless a signal came, evaluate (with videos) and write summary.json ("finished")."""
+        """Save; unless a signal came, evaluate (with videos) and write summary.json: finished."""
         sps = self.sps(step)
         self.save(step, state())
         video_dir = self.run_dir / "videos" if self.args.capture_video else None
@@ -781,9 +777,6 @@ class RunLogger:
         info |= {"global_step": step, "sps": sps, **result, **extra}
         write_atomic(self.run_dir / "summary.json", info)
         print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
-
-
-EVAL_FIELDS = ("eval_mean", "eval_std", "eval_episodes", "eval_returns")
 
 
 if __name__ == "__main__":

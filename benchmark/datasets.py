@@ -86,7 +86,8 @@ ALGOS_DIR = Path(__file__).resolve().parents[1] / "algos"
 # Each algorithm file's deterministic policy, from its own classes and its checkpoint's keys: obs [1, obs_dim]
 # -> action in [-1, 1]^act_dim (the files map [-1, 1] onto the env's bounds, as `rollout` does).
 def d4pg_policy(algo: Any, ckpt: dict, obs_dim: int, act_dim: int) -> Callable:
-    actor = algo.Actor(obs_dim, act_dim, ckpt["args"]["hidden_size"])
+    args = ckpt["args"]
+    actor = algo.Actor(obs_dim, act_dim, args.get("hidden_dim", args.get("hidden_size")))
     actor.load_state_dict(ckpt["actor"])
     return actor  # tanh of its head: d4pg.py's evaluate()
 

@@ -107,7 +107,7 @@ CASES = {
             "100",
             "--batch-size",
             "32",
-            "--hidden-size",
+            "--hidden-dim",
             "32",
             "--buffer-size",
             "5000",

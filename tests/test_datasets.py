@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import minari
@@ -181,6 +182,11 @@ def load_algo(name: str):
     return module
 
 
+def save_with_harness(module, path: Path, args, step: int, state: dict) -> None:
+    """A checkpoint as the file's own run harness writes one (RunLogger.save), without a run."""
+    module.RunLogger.save(SimpleNamespace(args=args, checkpoint=path), step, state)
+
+
 def returns_of(folder: Path) -> list[float]:
     return [
         float(ep.rewards.sum()) for ep in minari.MinariDataset(folder / "data").iterate_episodes()
@@ -208,7 +214,7 @@ def d4pg_run(tmp_path_factory) -> Path:
             "200",
             "--batch-size",
             "32",
-            "--hidden-size",
+            "--hidden-dim",
             "32",
             "--buffer-size",
             "5000",
@@ -325,7 +331,8 @@ def test_naf_checkpoint_dataset_acts_with_mu(tmp_path, normalize_obs, layer_norm
     net = naf.NAFNetwork(3, 1, 16, normalize_obs=normalize_obs, layer_norm=layer_norm)
     net.observe(np.random.default_rng(0).normal([0.5, -0.5, 3.0], [0.1, 0.2, 2.0], size=(50, 3)))
     ckpt = tmp_path / "naf.pt"
-    naf.save_checkpoint(
+    save_with_harness(
+        naf,
         ckpt,
         naf.Args(
             env_id="Pendulum-v1",
