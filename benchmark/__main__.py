@@ -1,14 +1,26 @@
-"""`python -m benchmark {smoke,full,datasets,report,readme,compare,sizes,dqn-memory,ensemble-speed}`: run the zoo (building
-the datasets its presets read first), only build those datasets, report on a sweep, compare two
-sweeps, measure the algorithm files against their size budgets, and measure dqn_atari's replay
-memory."""
+"""`python -m benchmark <subcommand>`: the benchmark zoo's runner.
+
+- smoke: every preset at its tiny smoke budget, one seed (checks that each file runs).
+- full: the full budgets and seeds (results/<sweep>/; `--dry-run` lists what it would run and its
+  estimated CPU time).
+- datasets: only build the Minari datasets the selected presets read.
+- report: rebuild a sweep's report, results and plots.
+- readme: rewrite README.md's results table from results/latest and the zoo.
+- compare: two sweeps per preset, with a rank test corrected for the presets compared.
+- sizes: each algorithm file's size against its CleanRL counterpart and its budgets.
+- dqn-memory: dqn_atari's replay memory at a given capacity.
+- ensemble-speed: rlpd.py's batched critic ensemble against separate critics.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+import json
+import math
 import os
 import shlex
 import signal
+import statistics
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,8 +42,16 @@ from .compare import compare, load_sweep
 from .dqn_memory import measure
 from .manifest import Mode, Preset, ZooError, load_zoo
 from .progress import Progress
-from .report import collect, load_committed, report_sweep, update_readme
+from .report import (
+    collect,
+    definition_changes,
+    load_committed,
+    report_sweep,
+    update_readme,
+    with_committed,
+)
 from .runner import (
+    Job,
     build_datasets,
     finished_ok,
     open_sweep,
@@ -80,9 +100,10 @@ class Sweep(Selection):
     skipping the runs that finished and continuing each unfinished run from its
     checkpoints/latest.pt with --resume (with Ray: from its copy in --storage; without one it starts
     afresh)."""
-    workers: int = 2
-    """CPUs to fill: runs at once, each taking its preset's num_cpus (local backend), or the
-    CPUs of the local Ray instance (ray backend); also the runs at once the progress ETA assumes."""
+    workers: Annotated[int, tyro.conf.arg(metavar="CPUS")] = 2
+    """How many CPUs to use (not how many runs): each run holds its preset's num_cpus of them while
+    it runs (local backend), or the CPUs of the local Ray instance (ray backend). The progress ETA
+    assumes this many runs at once."""
     memory_gb: float | None = None
     """Memory the local backend may fill with the presets' memory_gb requests (default: all of it)."""
     gpus: int | None = None
@@ -105,6 +126,9 @@ class Sweep(Selection):
     """Multiply every preset's time limit (a slow or busy machine)."""
     progress_interval_s: float = 30.0
     """Seconds between progress lines when the output is not a terminal."""
+    dry_run: bool = False
+    """Run nothing: list the runs the sweep would start (those of this --name that finished are
+    skipped), each preset's CPUs and time limit, and the estimated CPU time."""
 
 
 @dataclass
@@ -140,8 +164,10 @@ class Datasets(Selection):
 @dataclass(kw_only=True)
 class Report:
     """Rebuild results/<sweep>/ (report, results.json, curves.json, plots) from the sweep's run
-    records in <runs-dir>/<sweep>/, or, where those are gone, from results/<sweep>/ itself; targets
-    and references come from the sweep's copy of its manifest, not from today's zoo."""
+    records in <runs-dir>/<sweep>/ joined with what results/<sweep>/ already holds of other presets
+    and seeds, or, where the runs are gone, from results/<sweep>/ itself; targets and references
+    come from the sweep's copy of its manifest, not from today's zoo. A smoke sweep's report is
+    rebuilt where it lives, in <runs-dir>/<sweep>/."""
 
     name: str
     """The sweep."""
@@ -151,16 +177,23 @@ class Report:
 
 @dataclass
 class Readme:
-    """Rewrite the block between the results markers in README.md from results/latest."""
+    """Rewrite the block between the results markers in README.md: every preset of the zoo, with
+    its result in results/latest's sweep where that sweep ran the preset's current definition,
+    else "not run at this definition"; the sweep's commit and the algorithm files changed since."""
 
     readme: Path = Path("README.md")
     results_dir: Path = Path("results")
+    zoo: Path = Path("zoo")
+    """The manifest whose presets the table lists."""
+    algos_dir: Path = Path("algos")
 
 
 @dataclass
 class Compare:
-    """Two sweeps side by side per preset with the probability of improvement of B over A and
-    its 95% interval. Exits 1 when B is worse than A on some preset with 95% confidence."""
+    """Two sweeps side by side per preset: a two-sided Mann-Whitney rank test of the final
+    evaluations (exact), Holm's correction across the presets compared, and rliable's probability
+    of improvement P(B > A) as a description. Exits 1 when B is worse than A on some preset after
+    the correction."""
 
     a: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="SWEEP_A")]
     """The baseline: a sweep's name in --results-dir or --runs-dir, or its folder."""
@@ -170,6 +203,10 @@ class Compare:
     runs_dir: Path = Path("runs/benchmark")
     out: Path | None = None
     """Also write the comparison to this Markdown file."""
+    level: float = 0.05
+    """Family-wise level: the chance of any false verdict among the presets compared."""
+    preset: tuple[str, ...] = ()
+    """Only these presets (names or shell patterns): fewer presets compared, a smaller correction."""
 
 
 @dataclass
@@ -221,15 +258,96 @@ def select(presets: dict[str, Preset], sweep: Selection) -> list[Preset]:
     return chosen
 
 
-def covers_zoo(results: dict, presets: dict[str, Preset]) -> bool:
-    """Whether a sweep holds a run for every seed of every preset's full budget, the condition
-    for it to become results/latest (the README's table), so a filtered sweep cannot replace it."""
+def covers_zoo(results: dict, manifest: dict, presets: dict[str, Preset]) -> bool:
+    """Whether a sweep holds a run for every seed of every preset's full budget at the preset's
+    current definition (`manifest`: the sweep's copy of its presets), the condition for it to
+    become results/latest (the README's table), so a filtered sweep cannot replace it."""
     done = {(r["preset"], r["seed"]) for r in results["runs"]}
     return all(
-        (p.name, seed) in done
+        not definition_changes(manifest.get(p.name), p)
+        and all((p.name, seed) in done for seed in range(1, p.budget("full").seeds + 1))
         for p in presets.values()
-        for seed in range(1, p.budget("full").seeds + 1)
     )
+
+
+def _seconds_per_step(results_dir: Path) -> dict[str, float]:
+    """Per preset: the median wall time per environment step of the finished runs that committed
+    sweeps in `results_dir` hold (a run's own measurement, else its summary.json's)."""
+    rates: dict[str, list[float]] = {}
+    for path in sorted(results_dir.glob("*/results.json")):
+        try:
+            runs = json.loads(path.read_text()).get("runs", [])
+        except (OSError, json.JSONDecodeError):
+            continue
+        for r in runs:
+            wall = r.get("wall_time_s") or (r.get("summary") or {}).get("wall_time_s")
+            if r.get("status") == "ok" and isinstance(wall, (int, float)) and r.get("total_steps"):
+                rates.setdefault(r["preset"], []).append(wall / r["total_steps"])
+    return {name: float(statistics.median(values)) for name, values in rates.items()}
+
+
+def dry_run(
+    name: str, jobs: list[Job], todo: list[Job], workers: int, results_dir: Path | None
+) -> int:
+    """Print what a sweep would run and its estimated CPU time; run nothing."""
+    rates = _seconds_per_step(results_dir) if results_dir is not None else {}
+    print(
+        f"sweep {name} (dry run: nothing is started): {len(todo)} runs to start, "
+        f"{len(jobs) - len(todo)} already finished"
+    )
+    header = ("preset", "runs", "steps", "CPUs", "time limit", "estimate per run", "CPU time")
+    rows, cpu_s, bound_s, measured = [], 0.0, 0.0, 0
+    for preset in {job.preset.name: job.preset for job in todo}.values():
+        mine = [job for job in todo if job.preset is preset]
+        steps, cpus = mine[0].total_steps, max(1, math.ceil(preset.num_cpus))
+        if preset.name in rates:
+            per_run, basis = rates[preset.name] * steps, ""
+            measured += 1
+        else:
+            per_run, basis = mine[0].timeout_s, " (time limit)"
+            bound_s += per_run * cpus * len(mine)
+        cpu_s += per_run * cpus * len(mine)
+        rows.append(
+            (
+                preset.name,
+                str(len(mine)),
+                f"{steps:,}",
+                f"{cpus}",
+                _duration(mine[0].timeout_s),
+                _duration(per_run) + basis,
+                _duration(per_run * cpus * len(mine)),
+            )
+        )
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    presets = len(rows)
+    print(
+        f"estimated CPU time: {cpu_s / 3600:,.1f} CPU-hours ({bound_s / 3600:,.1f} of them time "
+        f"limits), about {_duration(cpu_s / workers)} on --workers {workers} (per run: the median "
+        f"time per step of the preset's finished runs in committed sweeps for {measured} of the "
+        f"{presets} presets; the time limit, an upper bound, for the other {presets - measured})"
+    )
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{minutes:,.1f} min" if minutes < 90 else f"{minutes / 60:,.1f} h"
+
+
+def _check_committed(out_dir: Path, mode: Mode, budget: dict) -> None:
+    """Refuse, before running anything, a full sweep whose name holds committed results of
+    another budget (a shorter sweep must not join, nor replace, a full one)."""
+    path = out_dir / "results.json"
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    if (old["mode"], old["budget"]) != (mode, budget):
+        raise ZooError(
+            f"sweep '{out_dir.name}' was run as {old['mode']} with budget {old['budget']} (its "
+            f"committed results: {out_dir}), not {mode} with {budget}; choose another --name"
+        )
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -280,6 +398,20 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     ):
         raise ZooError("--memory-gb and --sync-interval-s must be positive, --gpus at least 0")
     requirements = _requirements(sweep)
+    if full:
+        _check_committed(full.results_dir / name, mode, budget)
+    if sweep.dry_run:
+        jobs = plan_jobs(
+            chosen,
+            mode,
+            sweep_dir,
+            seeds=full.seeds if full else None,
+            steps_scale=full.steps_scale if full else 1.0,
+            total_steps=full.total_steps if full else None,
+            timeout_scale=sweep.timeout_scale,
+        )
+        todo = [job for job in jobs if not finished_ok(job)]
+        return dry_run(name, jobs, todo, sweep.workers, full.results_dir if full else None)
     open_sweep(sweep_dir, mode, budget, command, chosen)
     jobs = plan_jobs(
         chosen,
@@ -335,14 +467,16 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
         signal.signal(signal.SIGTERM, previous)
     names = {p.name for p in chosen}
     out_dir = full.results_dir / name if full else sweep_dir
-    results = report_sweep(collect(sweep_dir), out_dir, with_plots=full is not None)
+    # A name that already holds committed results keeps the presets this invocation did not run.
+    swept = with_committed(collect(sweep_dir), out_dir) if full else collect(sweep_dir)
+    results = report_sweep(swept, out_dir, with_plots=full is not None)
     if full and budget == {"steps_scale": 1.0, "total_steps": None}:
-        if covers_zoo(results, presets):
+        if covers_zoo(results, swept["manifest"], presets):
             write_json(full.results_dir / "latest", {"sweep": name})
         else:
             print(
                 "results/latest unchanged: this sweep does not yet hold every preset's full seeds "
-                f"(run the rest under --name {name} to complete it)"
+                f"at its current definition (run the rest under --name {name} to complete it)"
             )
     print(f"report: {out_dir / 'report.md'}")
     failed = [r for r in results["runs"] if r["preset"] in names and r["status"] != "ok"]
@@ -366,6 +500,10 @@ def rebuild_report(args: Report) -> int:
     raw, out_dir = args.runs_dir / args.name, args.results_dir / args.name
     if (raw / "sweep.json").exists():
         sweep = collect(raw)
+        if sweep["meta"]["mode"] == "smoke":  # a smoke sweep keeps its report with its runs
+            out_dir = raw
+        else:
+            sweep = with_committed(sweep, out_dir)
     elif (out_dir / "results.json").exists():
         sweep = load_committed(out_dir)
     else:
@@ -376,17 +514,23 @@ def rebuild_report(args: Report) -> int:
 
 
 def run_compare(args: Compare) -> int:
-    lines, worse = compare(
+    result = compare(
         load_sweep(args.a, args.results_dir, args.runs_dir),
         load_sweep(args.b, args.results_dir, args.runs_dir),
+        args.level,
+        args.preset,
     )
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(result.lines) + "\n"
     print(text, end="")
     if args.out is not None:
         write_atomic(args.out, text)
-    if worse:
-        print(f"B is worse than A with 95% confidence on: {', '.join(worse)}", file=sys.stderr)
-    return 1 if worse else 0
+    if result.worse:
+        print(
+            f"B is worse than A on: {', '.join(result.worse)} (family-wise level {result.level:g} "
+            f"over the {result.compared} presets compared)",
+            file=sys.stderr,
+        )
+    return 1 if result.worse else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,7 +580,12 @@ def main(argv: list[str] | None = None) -> int:
                 command.script,
             )
             return 0
-        update_readme(command.readme, command.results_dir)
+        update_readme(
+            command.readme,
+            command.results_dir,
+            load_zoo(command.zoo, command.algos_dir),
+            command.algos_dir,
+        )
         print(f"updated {command.readme}")
         return 0
     except ZooError as e:

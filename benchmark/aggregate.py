@@ -1,15 +1,27 @@
-"""Statistics across seeds and presets, as rliable (Agarwal et al., 2021) defines them.
+"""Statistics across seeds and presets: rliable's (Agarwal et al., 2021) point estimates, with
+intervals and tests chosen to hold at the few seeds a benchmark runs.
 
 Definitions (stated in every report):
 
 - **IQM** (interquartile mean): `scipy.stats.trim_mean(scores, 0.25)`, rliable's definition:
   sort the n scores, drop the lowest and the highest `floor(n / 4)` whole scores, average the
   rest (n = 5: the middle three; n < 4: the plain mean).
-- **95 % confidence interval**: `scipy.stats.bootstrap`, percentile method (rliable's default),
-  50,000 resamples, `numpy.random.default_rng(0)` so the report is reproducible. Where several
-  presets are pooled (an aggregate, a comparison) the bootstrap is stratified: each preset's seeds
-  are resampled with replacement on their own, as rliable's `StratifiedBootstrap` does. With fewer
-  than 3 seeds in a preset there is no interval ("n/a"), not a zero-width one.
+- **A preset's 95 % interval** ("trimmed t"): the t-interval of that trimmed mean (Tukey and
+  McLaughlin, 1963):
+  g = floor(n / 4) scores trimmed each side, h = n - 2g kept; the standard error is
+  sqrt(SSW / (h (h - 1))), SSW being the sum of squared deviations of the winsorised scores (the
+  g lowest set to the next one up, the g highest to the next one down) from their mean; the
+  interval is the IQM +- t(0.975, h - 1) standard errors (n < 4: Student's t-interval of the
+  mean). Measured by simulation (20,000 trials), it covers the population's 25 % trimmed mean
+  about 94 % of the time (93.7-94.9 %) for normal scores at 3, 5 and 10 seeds, and about 92 %
+  (91.7-93.2 %) for strongly skewed ones (lognormal, sigma 1); the percentile bootstrap rliable
+  uses covers 67 % at 3 seeds and 90 % at 5 (normal scores). "n/a" with fewer than 3 seeds.
+- **Pooled 95 % interval** (an algorithm's IQM over several presets: "stratified bootstrap"):
+  `scipy.stats.bootstrap`, percentile method, 50,000 resamples, `numpy.random.default_rng(0)`,
+  each preset's seeds resampled with replacement on their own, as rliable's
+  `StratifiedBootstrap` does; its coverage at a few seeds per preset is not established (the
+  single-preset percentile bootstrap under-covers there). "n/a" with fewer than 3 seeds in a preset.
+- **Std**: the sample standard deviation over the finished seeds (ddof = 1); "n/a" for one seed.
 - **Failed seeds**: a run that crashed or timed out has no score; it is listed, counts as a seed
   that missed the target, and the seeds column says how many of the seeds finished.
 - **Sample efficiency**: the IQM across seeds of the evaluation return at each evaluation step
@@ -20,14 +32,23 @@ Definitions (stated in every report):
 - **Normalised score**: (score - random) / (reference - random) with the published random and
   reference (for Atari: human) scores of the task; the aggregate is the IQM of the normalised
   scores of one algorithm's presets, pooled across its tasks.
-- **Probability of improvement** of B over A (rliable's): per preset, the probability that a
-  seed of B scores higher than a seed of A (ties count one half; the Mann-Whitney U statistic
-  divided by the number of pairs), averaged over presets; its interval from the stratified
-  bootstrap of both sweeps' seeds.
+- **Comparing two sweeps** (`compare`): per preset, the two-sided Mann-Whitney rank test of B's
+  final evaluations against A's, exact: `scipy.stats.mannwhitneyu(method="exact")` without ties;
+  with ties, the exact permutation distribution of the same statistic over every split of the
+  pooled scores (ties counting one half; a seeded Monte Carlo of 200,000 splits where there
+  are more). Holm's step-down correction across the presets compared keeps the chance of any
+  false "better" or "worse" among them at or below the family-wise level (5 %). A preset gets no
+  verdict ("too few seeds") where even complete separation could not reach that level (the
+  smallest two-sided p with n and m seeds is 2 / C(n + m, n): 0.1 at 3 against 3); such presets
+  are left out of the correction. P(B > A), the probability that a seed of B scores higher than
+  a seed of A (ties count one half: rliable's probability of improvement, the Mann-Whitney U
+  divided by the number of pairs), is shown as a description, not as a verdict.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,10 +60,43 @@ from .manifest import Target
 BOOTSTRAP_REPS = 50_000  # rliable's default
 BOOTSTRAP_SEED = 0
 MIN_SEEDS_FOR_CI = 3
+PRESET_CI_METHOD = "trimmed t"  # the Tukey-McLaughlin t-interval of the IQM
+POOLED_CI_METHOD = "stratified bootstrap"  # the percentile bootstrap, stratified by preset
+FAMILY_LEVEL = 0.05  # compare's family-wise level
+PERMUTATION_SPLITS = 200_000  # splits enumerated (or, where there are more, drawn) with ties
 
 
 def iqm(scores: Sequence[float]) -> float:
     return float(stats.trim_mean(np.asarray(scores, dtype=float), 0.25))
+
+
+def trimmed_t_interval(scores: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """The Tukey-McLaughlin t-interval of the IQM over the last axis (n scores, n >= 2):
+    g = floor(n / 4) trimmed each side, h = n - 2g kept, standard error sqrt(SSW / (h (h - 1)))
+    with SSW the winsorised sum of squares, h - 1 degrees of freedom. Vectorised: `scores` may
+    hold many samples of n (the coverage simulation)."""
+    x = np.sort(np.asarray(scores, dtype=float), axis=-1)
+    n = x.shape[-1]
+    g = n // 4
+    h = n - 2 * g
+    if h < 2:
+        raise ValueError("the trimmed t-interval needs at least 2 scores")
+    centre = x[..., g : n - g].mean(axis=-1)
+    low, high = x[..., g : g + 1], x[..., n - g - 1 : n - g]
+    winsorised = np.concatenate(
+        [np.repeat(low, g, -1), x[..., g : n - g], np.repeat(high, g, -1)], axis=-1
+    )
+    ssw = ((winsorised - winsorised.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1)
+    half = stats.t.ppf(0.5 + level / 2, h - 1) * np.sqrt(ssw / (h * (h - 1)))
+    return centre - half, centre + half
+
+
+def iqm_interval(scores: Sequence[float]) -> tuple[float, float] | None:
+    """One preset's 95 % interval of the IQM (trimmed t); None under MIN_SEEDS_FOR_CI seeds."""
+    if len(scores) < MIN_SEEDS_FOR_CI:
+        return None
+    low, high = trimmed_t_interval(np.asarray(scores, dtype=float))
+    return float(low), float(high)
 
 
 def _pooled_iqm(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -68,26 +122,105 @@ def _bootstrap(samples: Sequence[Sequence[float]], statistic: Any) -> tuple[floa
 
 
 def iqm_ci(*tasks: Sequence[float]) -> tuple[float, float] | None:
-    """95 % interval of the IQM of the pooled scores, each task's seeds resampled on their own."""
+    """95 % interval of the IQM of the pooled scores of several presets (stratified bootstrap:
+    each preset's seeds resampled on their own); for one preset, use `iqm_interval`."""
     return _bootstrap(tasks, _pooled_iqm)
 
 
-def _poi(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Mean over tasks of P(b > a) + P(b == a) / 2; samples alternate b1, a1, b2, a2, ..."""
-    per_task = []
-    for b, a in zip(samples[0::2], samples[1::2]):
-        b, a = np.moveaxis(b, axis, -1)[..., :, None], np.moveaxis(a, axis, -1)[..., None, :]
-        per_task.append(((b > a) + 0.5 * (b == a)).mean(axis=(-2, -1)))
-    return np.mean(per_task, axis=0)
+def u_statistic(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Mann-Whitney's U of b against a over the last axis: the pairs where b's score is higher,
+    ties counting one half. Vectorised over leading axes."""
+    b, a = np.asarray(b, dtype=float)[..., :, None], np.asarray(a, dtype=float)[..., None, :]
+    return ((b > a) + 0.5 * (b == a)).sum(axis=(-2, -1))
 
 
 def probability_of_improvement(
     pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
-) -> dict[str, Any]:
-    """P(B > A) over tasks given (scores_b, scores_a) per task, and its 95 % interval (None
-    when a task has fewer than MIN_SEEDS_FOR_CI seeds on either side)."""
-    samples = [np.asarray(s, dtype=float) for pair in pairs for s in pair]
-    return {"p": float(_poi(*samples)), "ci95": _bootstrap(samples, _poi)}
+) -> float:
+    """rliable's P(B > A) over tasks given (scores_b, scores_a) per task: per task, the share of
+    (b, a) seed pairs where b is higher (ties one half), averaged over tasks. A description: the
+    verdicts of `compare` come from `rank_test` and `holm`."""
+    return float(np.mean([u_statistic(b, a) / (len(b) * len(a)) for b, a in pairs]))
+
+
+@functools.cache
+def _u_null(n: int, m: int) -> np.ndarray:
+    """P(U = 0, 1, ..., n m) of n scores against m without ties when both come from one
+    distribution: the largest of the n + m scores is one of the n (U gains m) with chance n / (n + m)."""
+    if n == 0 or m == 0:
+        return np.ones(1)
+    p = np.zeros(n * m + 1)
+    p[m:] += n / (n + m) * _u_null(n - 1, m)
+    p[: n * (m - 1) + 1] += m / (n + m) * _u_null(n, m - 1)
+    return p
+
+
+def exact_p_value(u: np.ndarray | float, n: int, m: int) -> np.ndarray:
+    """The exact two-sided p-value of U (no ties) with n and m scores, as
+    `scipy.stats.mannwhitneyu(method="exact")` gives it: twice the tail beyond the larger of U
+    and n m - U, at most 1. Vectorised over `u`."""
+    upper = np.cumsum(_u_null(n, m)[::-1])[::-1]  # P(U >= k)
+    far = np.maximum(np.asarray(u), n * m - np.asarray(u))
+    return np.minimum(1.0, 2 * upper[np.ceil(far).astype(int)])
+
+
+def smallest_p_value(n: int, m: int) -> float:
+    """The smallest two-sided p-value the rank test can give with n and m seeds (complete
+    separation without ties): 2 / C(n + m, n)."""
+    return min(1.0, 2 / math.comb(n + m, n)) if n and m else 1.0
+
+
+def rank_test(b: Sequence[float], a: Sequence[float]) -> dict[str, Any]:
+    """Two-sided Mann-Whitney test of b against a: exact without ties; with ties, the exact
+    permutation distribution of U (mid-ranks) over the splits of the pooled scores (enumerated
+    up to PERMUTATION_SPLITS, else as many drawn with a fixed seed). Returns U / (n m) (P(B > A))
+    and the p-value, with the method used."""
+    b, a = np.asarray(b, dtype=float), np.asarray(a, dtype=float)
+    n, m = len(b), len(a)
+    poi = float(u_statistic(b, a)) / (n * m)
+    if len(np.unique(np.concatenate([b, a]))) == n + m:
+        p = stats.mannwhitneyu(b, a, alternative="two-sided", method="exact").pvalue
+        method = "exact"
+    else:  # U from the pooled mid-ranks: the rank sum of b less its least possible value
+        ranks = stats.rankdata(np.concatenate([b, a]))
+        p = stats.permutation_test(
+            (ranks[:n], ranks[n:]),
+            lambda x, y, axis: np.sum(x, axis=axis) - n * (n + 1) / 2,
+            permutation_type="independent",
+            vectorized=True,
+            n_resamples=PERMUTATION_SPLITS,
+            alternative="two-sided",
+            rng=np.random.default_rng(BOOTSTRAP_SEED),
+        ).pvalue
+        exact = math.comb(n + m, n) <= PERMUTATION_SPLITS
+        method = "exact permutation (ties)" if exact else "Monte Carlo permutation (ties)"
+    return {"poi": poi, "p": float(min(1.0, p)), "method": method}
+
+
+def holm(p_values: np.ndarray, tested: np.ndarray, level: float = FAMILY_LEVEL) -> np.ndarray:
+    """Holm's adjusted p-values over the last axis among the `tested` hypotheses (NaN for the
+    others): the k-th smallest of K p-values times K - k + 1, made non-decreasing, at most 1.
+    A hypothesis is rejected at family-wise level `level` where its adjusted p <= level.
+    Vectorised over leading axes (the simulation tests run thousands of sweeps at once)."""
+    p = np.where(tested, np.asarray(p_values, dtype=float), np.inf)
+    k = int(np.sum(tested))
+    order = np.argsort(p, axis=-1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=-1)
+    factor = np.maximum(k - np.arange(p.shape[-1]), 1)
+    adjusted = np.maximum.accumulate(np.minimum(1.0, factor * ranked), axis=-1)
+    out = np.empty_like(adjusted)
+    np.put_along_axis(out, order, adjusted, axis=-1)
+    return np.where(tested, out, np.nan)
+
+
+def verdicts(
+    poi: np.ndarray, p_values: np.ndarray, tested: np.ndarray, level: float = FAMILY_LEVEL
+) -> np.ndarray:
+    """Per preset: +1 (B better), -1 (B worse) where Holm's adjusted p is at most `level`, else 0;
+    the direction from P(B > A). Vectorised over leading axes."""
+    adjusted = holm(p_values, tested, level)
+    significant = np.nan_to_num(adjusted, nan=np.inf) <= level
+    return np.where(significant, np.sign(np.asarray(poi) - 0.5), 0).astype(int)
 
 
 def crossing_step(curve: Sequence[tuple[int, float]], threshold: float, window: int) -> int | None:
@@ -184,16 +317,17 @@ def check_target(
 
 
 def score_stats(scores: Sequence[float]) -> dict[str, Any]:
-    """Over the finished seeds: mean, std (population, ddof=0), IQM and its interval (None with
-    fewer than MIN_SEEDS_FOR_CI seeds); None values when there are no scores."""
-    if not scores:
+    """Over the finished seeds: mean, sample std (ddof=1; None for one seed), IQM and its
+    interval (trimmed t; None with fewer than MIN_SEEDS_FOR_CI seeds); None values when there are
+    no scores."""
+    if not len(scores):
         return {"n": 0, "mean": None, "std": None, "iqm": None, "iqm_ci95": None}
     values = np.asarray(scores, dtype=float)
-    ci = iqm_ci(values)
+    ci = iqm_interval(values)
     return {
         "n": len(values),
         "mean": float(values.mean()),
-        "std": float(values.std()),
+        "std": float(values.std(ddof=1)) if len(values) > 1 else None,
         "iqm": iqm(values),
         "iqm_ci95": list(ci) if ci else None,
     }

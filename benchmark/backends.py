@@ -22,6 +22,7 @@ import io
 import math
 import os
 import platform
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -283,6 +284,15 @@ class Storage:
         self.fs.get(self.root.rstrip("/") + "/", str(run_dir), recursive=True)
         return True
 
+    def has_checkpoint(self) -> bool:
+        return self.fs.isfile(f"{self.root.rstrip('/')}/{CHECKPOINT.as_posix()}")
+
+    def clear(self) -> None:
+        """Delete the stored folder (and forget what was sent)."""
+        if self.fs.exists(self.root):
+            self.fs.rm(self.root, recursive=True)
+        self.sent.clear()
+
     def upload(self, run_dir: Path) -> None:
         for path in run_dir.rglob("*"):
             stat = path.stat() if path.is_file() and not path.name.endswith(".tmp") else None
@@ -293,6 +303,25 @@ class Storage:
             self.fs.put_file(str(path), target + ".part")
             self.fs.mv(target + ".part", target)
             self.sent[str(path)] = (stat.st_size, stat.st_mtime_ns)
+
+
+def resume_from_storage(stored: Storage | None, run_dir: Path) -> bool:
+    """Ready a Ray run's folder `run_dir` from its stored copy, as the local backend readies a run
+    folder (`prepare_run_dir`): with a checkpoint in storage, the stored folder is copied in and
+    the run resumes from it (True); without one (no copy, or a node lost after a copy but before
+    the run's first save) the run starts afresh in an empty folder, and the stored copy is
+    deleted, so that no output of the lost attempt (event files, curves) is taken for the new
+    one's (False)."""
+    if stored is not None and stored.has_checkpoint():
+        stored.restore(run_dir)
+        if (run_dir / CHECKPOINT).is_file():
+            return True
+    if stored is not None:
+        stored.clear()
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    return False
 
 
 def _tell(events: Any, event: tuple[str, str, Any]) -> None:
@@ -316,10 +345,7 @@ def ray_task(
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
         run_dir = Path(tmp) / "run"
         stored = Storage(storage) if storage else None
-        resumed = (
-            stored is not None and stored.restore(run_dir) and (run_dir / CHECKPOINT).is_file()
-        )
-        run_dir.mkdir(exist_ok=True)
+        resumed = resume_from_storage(stored, run_dir)
         for name in (
             "summary.json",
             RECORD_NAME,

@@ -53,6 +53,49 @@ def load_committed(out_dir: Path) -> dict[str, Any]:
     return {"meta": meta, "manifest": manifest, "records": records}
 
 
+def with_committed(sweep: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """`sweep` (its raw runs, from `collect`) joined with what its results folder `out_dir`
+    already holds, so that reporting never shrinks a committed sweep (a clone without the raw
+    runs, a sweep filtered to some presets): a run of the raw sweep replaces the committed run of
+    the same preset and seed; the committed runs of a preset the raw sweep ran with another
+    definition are dropped; every other committed run stays, with its own provenance."""
+    if not (out_dir / "results.json").exists():
+        return sweep
+    committed = load_committed(out_dir)
+    old, new = committed["meta"], sweep["meta"]
+    if (old["mode"], old["budget"]) != (new["mode"], new["budget"]):
+        raise ZooError(
+            f"sweep '{out_dir.name}' was run as {old['mode']} with budget {old['budget']} (its "
+            f"committed results: {out_dir}), not {new['mode']} with {new['budget']}; choose "
+            "another --name"
+        )
+    ran = {(r["preset"], r["seed"]) for r in sweep["records"]}
+    redefined = {
+        name
+        for name, table in sweep["manifest"].items()
+        if name in committed["manifest"]
+        and any(r["preset"] == name for r in sweep["records"])
+        and definition(committed["manifest"][name]) != definition(table)
+    }
+    kept = [
+        r
+        for r in committed["records"]
+        if (r["preset"], r["seed"]) not in ran and r["preset"] not in redefined
+    ]
+    names = {r["preset"] for r in kept}
+    manifest = {
+        name: table
+        for name, table in {**committed["manifest"], **sweep["manifest"]}.items()
+        if name in names or name in sweep["manifest"]
+    }
+    for name in names - redefined:  # a kept run is judged by the table it ran under
+        if not any(r["preset"] == name for r in sweep["records"]):
+            manifest[name] = committed["manifest"][name]
+    records = sorted(kept + sweep["records"], key=lambda r: (r["preset"], r["seed"]))
+    commands = list(dict.fromkeys([*old["commands"], *new["commands"]]))
+    return {"meta": {**new, "commands": commands}, "manifest": manifest, "records": records}
+
+
 def _measured(records: list[dict[str, Any]], key: str) -> list[float]:
     """Each run's `key`: the runner's measurement (wall time, peak memory), else the run's own
     summary.json's (sps; records written before the runner measured memory kept it there)."""
@@ -230,7 +273,8 @@ def _num(value: float | None, digits: int = 1) -> str:
 def _score(stats: dict[str, Any]) -> str:
     if not stats["n"]:
         return "—"
-    return f"{_num(stats['mean'])} ± {_num(stats['std'])}"
+    std = "n/a" if stats["std"] is None else _num(stats["std"])  # one seed: no spread to show
+    return f"{_num(stats['mean'])} ± {std}"
 
 
 def _interval(value: float | None, ci: list[float] | None, digits: int = 1) -> str:
@@ -287,8 +331,9 @@ def preset_table(results: dict[str, Any], plots: Path | None, prefix: str = "") 
     """The per-preset Markdown table shared by the report and the README block; `plots`: the
     results folder whose plots/ to link (with `prefix` before the link), or None for no column."""
     lines = [
-        "| preset | env | steps | seeds | eval mean ± std | IQM [95% CI] | target | eval IQM (sample "
-        "efficiency) | SPS | wall time |" + (" plot |" if plots is not None else ""),
+        f"| preset | env | steps | seeds | eval mean ± std | IQM [95% CI, {aggregate.PRESET_CI_METHOD}] "
+        "| target | eval IQM (sample efficiency) | SPS | wall time |"
+        + (" plot |" if plots is not None else ""),
         "|---" * (10 + (plots is not None)) + "|",
     ]
     for name, p in results["presets"].items():
@@ -339,7 +384,8 @@ def _preset_section(
         f"### {name}",
         "",
         f"- target: {p['target']['text'] or 'none (report only)'} — {_target(p['target'])}",
-        f"- ours: {_score(p['eval_mean'])} (IQM {_interval(p['eval_mean']['iqm'], p['eval_mean']['iqm_ci95'])}); "
+        f"- ours: {_score(p['eval_mean'])} (IQM [95% CI, {aggregate.PRESET_CI_METHOD}] "
+        f"{_interval(p['eval_mean']['iqm'], p['eval_mean']['iqm_ci95'])}); "
         + ", ".join(_seed_text(r) for r in runs),
         f"- sample efficiency: evaluation IQM across seeds {_efficiency(p['sample_efficiency'])}",
     ]
@@ -352,7 +398,8 @@ def _preset_section(
     if p["normalised"]:
         n = p["normalised"]
         lines.append(
-            f"- {n['name']}-normalised: IQM {_interval(n['iqm'], n['iqm_ci95'], 3)} "
+            f"- {n['name']}-normalised: IQM [95% CI, {aggregate.PRESET_CI_METHOD}] "
+            f"{_interval(n['iqm'], n['iqm_ci95'], 3)} "
             f"(random {n['random']:g}, {n['name']} {n['reference']:g}; {n['source']})"
         )
     lines.append(f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB")
@@ -389,7 +436,7 @@ def render_report(results: dict[str, Any], plots: Path | None) -> str:
         lines += [
             "## Normalised scores",
             "",
-            "| algorithm | normalised by | presets | IQM [95% CI] |",
+            f"| algorithm | normalised by | presets | IQM [95% CI, {aggregate.POOLED_CI_METHOD}] |",
             "|---|---|---|---|",
         ]
         for agg in results["normalised"]:
@@ -444,8 +491,8 @@ def render_report(results: dict[str, Any], plots: Path | None) -> str:
         "",
         results["statistics"],
         "",
-        "Mean ± std: over the finished seeds, population std (ddof=0). Scores are each run's final "
-        "`eval_mean` from summary.json.",
+        "Mean ± std: over the finished seeds, sample std (ddof=1; n/a for one seed). Scores are "
+        "each run's final `eval_mean` from summary.json.",
         "",
     ]
     return "\n".join(lines)
@@ -574,7 +621,8 @@ def plot_group(
                 fmt="D",
                 color=color,
                 capsize=4,
-                label=f"{name}: IQM" + (" [95% CI]" if stats["iqm_ci95"] else ""),
+                label=f"{name}: IQM"
+                + (f" [95% CI, {aggregate.PRESET_CI_METHOD}]" if stats["iqm_ci95"] else ""),
             )
         references.update({ref["name"]: ref for ref in p["references"]})
     final_ax.set(
@@ -628,13 +676,150 @@ def report_sweep(sweep: dict[str, Any], out_dir: Path, with_plots: bool) -> dict
     return results
 
 
-def update_readme(readme: Path, results_dir: Path) -> None:
-    """Rewrite the block between the results markers from the sweep `results/latest` names."""
+# What makes a preset's numbers what they are: a sweep holds a result "at the preset's current
+# definition" when these parts of its copy of the preset equal the zoo's (time limits, memory
+# requests, references and notes may change without invalidating a result).
+DEFINITION = {
+    "algo": None,
+    "env_id": None,
+    "args": None,
+    "full": ("total_steps", "seeds", "args"),
+    "target": None,
+    "dataset": None,
+}
+
+
+def definition(table: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a preset's table that define its result (see DEFINITION), flattened to
+    dotted keys."""
+    out: dict[str, Any] = {}
+    for key, parts in DEFINITION.items():
+        value = table.get(key)
+        if parts is None:
+            out[key] = value
+        else:
+            for part in parts:
+                out[f"{key}.{part}"] = (value or {}).get(part)
+    return out
+
+
+def definition_changes(ran: dict[str, Any] | None, preset: Preset) -> list[str]:
+    """The parts of `preset`'s definition that differ from the table a sweep ran it with
+    (`ran`, None where the sweep did not run it): [] when the sweep ran this definition."""
+    if ran is None:
+        return ["not run"]
+    old, new = definition(ran), definition(preset.table)
+    return [key for key in new if old.get(key) != new[key]]
+
+
+def current_result(results: dict[str, Any], manifest: dict[str, Any], preset: Preset) -> str | None:
+    """Why a sweep holds no result for `preset` at its current definition (None when it does:
+    the same definition, the full budget, every seed run)."""
+    summary = results["presets"].get(preset.name)
+    if summary is None or preset.name not in manifest:
+        return f"not in sweep {results['sweep']}"
+    changed = definition_changes(manifest[preset.name], preset)
+    if changed:
+        return f"{results['sweep']} ran another definition ({', '.join(changed)} changed since)"
+    if summary["reduced_budget"] or len(summary["seeds"]) < preset.full.seeds:
+        return f"{results['sweep']} ran {len(summary['seeds'])} of {preset.full.seeds} seeds"
+    return None
+
+
+def _changed_files(repo: Path, commit: str, algos_dir: Path) -> str:
+    """Which algorithm files differ between `commit` and the commit checked out at `repo`."""
+    from .provenance import _git
+
+    top = _git(repo, "rev-parse", "--show-toplevel")
+    if top is None:
+        return "unknown (not a git checkout)"
+    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+        shallow = _git(repo, "rev-parse", "--is-shallow-repository") == "true"
+        return "unknown (the commit is not in this clone's history" + (
+            ": a shallow clone; `git fetch --unshallow` fetches it)" if shallow else ")"
+        )
+    folder = os.path.relpath(algos_dir.resolve(), Path(top).resolve())
+    names = _git(repo, "diff", "--name-only", commit, "HEAD", "--", folder)
+    if names is None:
+        return "unknown (git diff failed)"
+    changed = sorted(n for n in names.splitlines() if n.endswith(".py"))
+    total = len(list(algos_dir.glob("*.py")))
+    if not changed:
+        return "none"
+    return f"{len(changed)} of {total}: " + ", ".join(f"`{Path(n).name}`" for n in changed)
+
+
+def readme_block(
+    readme: Path, results_dir: Path, presets: dict[str, Preset], algos_dir: Path
+) -> str:
+    """The README's results block: every preset of the zoo (`presets`), with the result
+    results/latest's sweep holds at the preset's current definition, or "not run at this
+    definition"; the sweep's commit and the algorithm files changed since."""
     latest = results_dir / "latest"
     if not latest.exists():
         raise ZooError(f"no {latest}: run a full sweep first (python -m benchmark full)")
     sweep_dir = results_dir / json.loads(latest.read_text())["sweep"]
-    results = json.loads((sweep_dir / "results.json").read_text())
+    sweep = load_committed(sweep_dir)
+    ran = presets_from_tables(sweep["manifest"], algos_dir, check_scripts=False)
+    results = build_results(sweep, ran)
+    why_not = {name: current_result(results, sweep["manifest"], p) for name, p in presets.items()}
+    shown = {name: results["presets"][name] for name, why in why_not.items() if why is None}
+    prefix = os.path.relpath(sweep_dir, readme.parent).replace(os.sep, "/") + "/"
+    table = preset_table({**results, "presets": shown}, sweep_dir, prefix)
+    rows = {line.split(" | ", 1)[0][2:]: line for line in table[2:]}
+    missing = 0
+    for name, preset in presets.items():
+        if why_not[name] is not None:
+            missing += 1
+            cells = [
+                name,
+                preset.env_id,
+                f"{preset.full.total_steps:,}",
+                str(preset.full.seeds),
+                "**not run at this definition**",
+                "—",
+                why_not[name],
+                "—",
+                "—",
+                "—",
+                "—",
+            ]
+            rows[name] = "| " + " | ".join(cells) + " |"
+    commits = sorted({c for c in results["provenance"].get("commit", []) if c != "unknown"})
+    changed = [
+        f"- algorithm files changed since commit `{c[:10]}`: "
+        f"{_changed_files(readme.parent, c, algos_dir)}"
+        for c in commits
+    ] or ["- algorithm files changed since: unknown (the sweep recorded no commit)"]
+    block = [
+        README_START,
+        "<!-- generated by `python -m benchmark readme` from results/latest and the zoo; do not edit -->",
+        "",
+        f"Sweep `{results['sweep']}`: {provenance_line(results['provenance'])}. Command(s):",
+        "",
+        *[f"    {c}" for c in results["commands"]],
+        "",
+        *changed,
+        f"- {len(presets) - missing} of the zoo's {len(presets)} presets have a result at their "
+        "current definition (budget, seeds, arguments, target); "
+        + (
+            f'the other {missing} read "not run at this definition", with the reason in the '
+            "target column."
+            if missing
+            else "every preset does."
+        ),
+        "",
+        *table[:2],
+        *(rows[name] for name in presets),
+        "",
+        f"Full report: [{prefix}report.md]({prefix}report.md).",
+        README_END,
+    ]
+    return "\n".join(block)
+
+
+def readme_text(readme: Path, block: str) -> str:
+    """README.md's text with its results block replaced by `block`."""
     text = readme.read_text() if readme.exists() else ""
     if (
         text.count(README_START) != 1
@@ -644,20 +829,13 @@ def update_readme(readme: Path, results_dir: Path) -> None:
         raise ZooError(
             f"{readme} needs one '{README_START}' line followed by one '{README_END}' line"
         )
-    prefix = os.path.relpath(sweep_dir, readme.parent).replace(os.sep, "/") + "/"
-    block = [
-        README_START,
-        "<!-- generated by `python -m benchmark readme` from results/latest; do not edit -->",
-        "",
-        f"Sweep `{results['sweep']}`: {provenance_line(results['provenance'])}. Command:",
-        "",
-        *[f"    {c}" for c in results["commands"]],
-        "",
-        *preset_table(results, sweep_dir, prefix),
-        "",
-        f"Full report: [{prefix}report.md]({prefix}report.md).",
-        README_END,
-    ]
     head, rest = text.split(README_START)
     tail = rest.split(README_END, 1)[1]
-    write_atomic(readme, head + "\n".join(block) + tail)
+    return head + block + tail
+
+
+def update_readme(
+    readme: Path, results_dir: Path, presets: dict[str, Preset], algos_dir: Path
+) -> None:
+    """Rewrite the block between the results markers (see `readme_block`)."""
+    write_atomic(readme, readme_text(readme, readme_block(readme, results_dir, presets, algos_dir)))

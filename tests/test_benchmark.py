@@ -38,7 +38,9 @@ ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 # It writes events with tensorboard's own writer (the format torch's SummaryWriter writes)
 # because importing torch would cost seconds per run. Its checkpoint is {"step": N}; `--resume`
 # continues the curve after that step. "stall-once" logs half the curve, saves its checkpoint,
-# then waits (unless resumed) for SIGTERM, on which it saves again and exits. `--device` and the
+# then waits (unless resumed) for SIGTERM, on which it saves again and exits. "stall-unsaved" logs
+# half the curve and waits without any checkpoint, unless the file `--marker` exists (it creates it
+# first): a run whose first attempt is lost before its first save. `--device` and the
 # GPUs it was given (CUDA_VISIBLE_DEVICES) go to config.json, its start and end times to summary.json,
 # and whether the Minari dataset of `--dataset-path` was there when it started.
 FAKE = textwrap.dedent("""
@@ -54,7 +56,7 @@ FAKE = textwrap.dedent("""
     p.add_argument("--run-dir", required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--total-steps", type=int, required=True)
-    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval", "stall-once", "peak"])
+    p.add_argument("--behaviour", default="ok", choices=["ok", "crash", "sleep", "no-eval", "nan-eval", "stall-once", "stall-unsaved", "peak"])
     p.add_argument("--resume", default=None)
     p.add_argument("--score", type=float, default=100.0)
     p.add_argument("--eval-episodes", type=int, default=10)
@@ -62,6 +64,7 @@ FAKE = textwrap.dedent("""
     p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--device", default="auto")
     p.add_argument("--dataset-path", default=None)
+    p.add_argument("--marker", default=None)
     args = p.parse_args()
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -84,6 +87,10 @@ FAKE = textwrap.dedent("""
         (run / "checkpoints").mkdir(exist_ok=True)
         (run / "checkpoints" / "latest.pt").write_text(json.dumps({"step": step}))
     stall = args.behaviour == "stall-once" and not args.resume
+    unsaved = args.behaviour == "stall-unsaved" and not Path(args.marker).exists()
+    if unsaved:
+        Path(args.marker).write_text("first attempt")
+        stall = True
     final = float("nan") if args.behaviour == "nan-eval" else args.score + args.seed
     for i in range(1, 11 if stall else 21):
         step = i * args.total_steps // 20
@@ -93,6 +100,10 @@ FAKE = textwrap.dedent("""
                 peak = args.behaviour == "peak" and i == 15  # a best at 4x the final score, then lost
                 log("eval/episodic_return", final if i == 20 else 4 * args.score if peak else args.score * i / 20 + args.seed, step)
             print(f"step {step:,}/{args.total_steps:,} | fake", flush=True)
+    if unsaved:
+        writer.flush()
+        print("stalling unsaved", flush=True)
+        time.sleep(600)
     if stall:
         writer.flush()
         save(args.total_steps // 2)
@@ -945,7 +956,7 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     hit = results["presets"]["hit"]
     assert hit["eval_mean"]["mean"] == pytest.approx(101.5) and hit["eval_mean"][
         "std"
-    ] == pytest.approx(0.5)
+    ] == pytest.approx(0.5**0.5)  # the sample std of 101 and 102
     assert (
         hit["eval_mean"]["iqm"] == pytest.approx(101.5) and hit["eval_mean"]["iqm_ci95"] is None
     )  # 2 seeds
@@ -971,7 +982,7 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
     assert json.loads((results_dir / "latest").read_text()) == {"sweep": "f"}
     report = (results_dir / "f/report.md").read_text()
     assert (
-        "| hit | Fake-v0 | 200 | 2 | 101.5 ± 0.5 | 101.5 [n/a] | **met** (1/2 seeds) | ≥ 40 from 100 |"
+        "| hit | Fake-v0 | 200 | 2 | 101.5 ± 0.7 | 101.5 [n/a] | **met** (1/2 seeds) | ≥ 40 from 100 |"
         in report
     )
     assert "peer: 414.7 +- 28.1" in report and "[plot](plots/hit.png)" in report
@@ -990,10 +1001,11 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
 
     readme = tmp_path / "README.md"
     readme.write_text("# Title\n\nno markers\n")
-    assert main(["readme", "--readme", str(readme), "--results-dir", str(results_dir)]) == 2
+    flags = ["--readme", str(readme), "--results-dir", str(results_dir), *args[:4]]
+    assert main(["readme", *flags]) == 2
     assert "needs one '<!-- results:start -->' line" in capsys.readouterr().err
     readme.write_text("# Title\n<!-- results:start -->\nold\n<!-- results:end -->\ntail\n")
-    assert main(["readme", "--readme", str(readme), "--results-dir", str(results_dir)]) == 0
+    assert main(["readme", *flags]) == 0
     text = readme.read_text()
     assert text.startswith("# Title\n<!-- results:start -->") and text.endswith(
         "<!-- results:end -->\ntail\n"
@@ -1043,37 +1055,299 @@ def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
     assert "| fake | human | base, ablation | 0.380 [" in report
 
 
+# --- a sweep's name never loses committed results ----------------------------------------
+
+
+def test_a_filtered_sweep_under_a_committed_name_keeps_its_other_presets(
+    tmp_path: Path, zoo, capsys
+):
+    """On a clone without runs/ (git-ignored), a sweep filtered to one preset under the name of
+    a committed sweep adds to it or replaces that preset's runs; the other presets stay, with
+    their own commits, and results/latest keeps its whole table."""
+    args = zoo(preset_toml("a", seeds=2), preset_toml("b", args="score = 50"))
+    results_dir = tmp_path / "results"
+    flags = [*args, "--name", "x", "--results-dir", str(results_dir)]
+    assert main(["full", *flags]) == 0
+    assert json.loads((results_dir / "latest").read_text()) == {"sweep": "x"}
+    committed = json.loads((results_dir / "x/results.json").read_text())
+    shutil.rmtree(tmp_path / "runs")  # a fresh clone: the committed results, no raw runs
+
+    # A shorter sweep cannot join (nor replace) the full one: refused before anything runs.
+    shorter = ["--steps-scale", "0.5", "--preset", "a"]
+    assert main(["full", *flags, *shorter]) == 2
+    assert "sweep 'x' was run as full with budget" in capsys.readouterr().err
+    assert not (tmp_path / "runs/x").exists()
+
+    assert main(["full", *flags, "--preset", "a"]) == 0
+    again = json.loads((results_dir / "x/results.json").read_text())
+    assert list(again["presets"]) == ["a", "b"]
+    assert [r for r in again["runs"] if r["preset"] == "b"] == [
+        r for r in committed["runs"] if r["preset"] == "b"
+    ]  # untouched, provenance and all
+    assert {r["seed"] for r in again["runs"] if r["preset"] == "a"} == {1, 2}
+    assert len(again["commands"]) == 2 and again["commands"][1].endswith("--preset a")
+    assert json.loads((results_dir / "latest").read_text()) == {"sweep": "x"}
+    assert "| b | Fake-v0 | 200 | 1 | 51.0 ± n/a |" in (results_dir / "x/report.md").read_text()
+
+    # A preset new to the zoo joins the sweep; `report` from partial raw runs keeps the rest.
+    args = zoo(preset_toml("a", seeds=2), preset_toml("b", args="score = 50"), preset_toml("c"))
+    assert (
+        main(["full", *args, "--name", "x", "--results-dir", str(results_dir), "--preset", "c"])
+        == 0
+    )
+    report = ["report", "--name", "x", "--runs-dir", str(tmp_path / "runs")]
+    assert main([*report, "--results-dir", str(results_dir)]) == 0
+    presets = json.loads((results_dir / "x/results.json").read_text())["presets"]
+    assert list(presets) == ["a", "b", "c"] and presets["b"]["eval_mean"]["mean"] == 51.0
+
+
 # --- compare ------------------------------------------------------------------------------
 
 
-def test_compare_two_sweeps(tmp_path: Path, zoo, capsys):
-    results = ["--results-dir", str(tmp_path / "results")]
-    for name, score in (("before", 100), ("after", 50)):
-        args = zoo(preset_toml("a", seeds=3, args=f"score = {score}"), preset_toml("b", seeds=2))
-        assert main(["full", *args, "--name", name, "--workers", "2", *results]) == 0
-    capsys.readouterr()
+def committed_sweep(results_dir: Path, name: str, scores: dict[str, list[float | None]]) -> None:
+    """A committed results folder, as `full` leaves one, holding these final evaluations per
+    preset (seeds 1, 2, ...; None: a failed seed)."""
+    manifest, runs = {}, []
+    for preset, values in scores.items():
+        manifest[preset] = {
+            "algo": "fake",
+            "env_id": "Fake-v0",
+            "args": {},
+            "smoke": {"total_steps": 100, "timeout_s": 60},
+            "full": {"total_steps": 200, "seeds": len(values), "timeout_s": 60},
+        }
+        for seed, value in enumerate(values, start=1):
+            runs.append(
+                {
+                    "preset": preset,
+                    "algo": "fake",
+                    "env_id": "Fake-v0",
+                    "seed": seed,
+                    "total_steps": 200,
+                    "status": "failed" if value is None else "ok",
+                    "reason": "exit status 1" if value is None else "",
+                    "summary": {} if value is None else {"eval_mean": value},
+                    "crossing_step": None,
+                    "wall_time_s": 60.0,
+                    "provenance": {"commit": "0123456789abcdef", "dirty": False},
+                }
+            )
+    folder = results_dir / name
+    folder.mkdir(parents=True)
+    meta = {"sweep": name, "mode": "full", "budget": {"steps_scale": 1.0, "total_steps": None}}
+    command = f"python -m benchmark full --name {name}"
+    (folder / "results.json").write_text(json.dumps({**meta, "commands": [command], "runs": runs}))
+    (folder / "curves.json").write_text("{}")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_compare_gives_a_verdict_only_where_the_seeds_support_one(tmp_path: Path, capsys):
+    results = ["--results-dir", str(tmp_path / "results"), "--runs-dir", str(tmp_path / "runs")]
+    committed_sweep(
+        tmp_path / "results",
+        "before",
+        {
+            "sep": [101.0, 102.0, 103.0, 104.0, 105.0, 106.0],
+            "few": [11.0, 12.0, 13.0],
+            "same": [1.0, 3.0, 5.0, 7.0, 9.0, 11.0],
+            "capped": [500.0] * 5,
+            "gone": [1.0, 2.0, 3.0],
+        },
+    )
+    committed_sweep(
+        tmp_path / "results",
+        "after",
+        {
+            "sep": [51.0, 52.0, 53.0, 54.0, 55.0, 56.0],
+            "few": [1.0, 2.0, 3.0],
+            "same": [2.0, 4.0, 6.0, 8.0, 10.0, 12.0],
+            "capped": [500.0] * 5,
+            "gone": [None, None, None],
+        },
+    )
     out = tmp_path / "cmp.md"
-    assert main(["compare", "before", "after", *results, "--out", str(out)]) == 1  # 'a' got worse
+    assert main(["compare", "before", "after", *results, "--out", str(out)]) == 1  # 'sep' got worse
     text = capsys.readouterr()
-    assert "B is worse than A with 95% confidence on: a" in text.err
-    # a: every seed of B (51..53) below every seed of A (101..103): P = 0, interval [0, 0].
-    assert (
-        "| a | 3 / 3 | 102.0 [101.0, 103.0] | 52.0 [51.0, 53.0] | 0.00 [0.00, 0.00] | **B worse** |"
-        in text.out
+    assert "B is worse than A on: sep (family-wise level 0.05 over the 3 presets compared)" in (
+        text.err
     )
-    assert (
-        "| b | 2 / 2 | 101.5 [n/a] | 101.5 [n/a] | 0.50 [n/a] | n/a (fewer than 3 seeds) |"
-        in text.out
+    assert "- 3 of the 5 presets both sweeps ran were compared, at a family-wise level of 0.05" in (
+        text.out
     )
-    assert "Over the 2 presets (bootstrap stratified by preset): P(B > A) = 0.25 [n/a]" in text.out
+    # Every seed of B below every seed of A at 6 seeds a side: p = 2 / C(12, 6) = 0.0022, times 3
+    # for the three presets compared.
+    assert "| 0.00 | 0.002 | 0.006 | **B worse** |" in text.out
+    # Complete separation at 3 seeds a side (p = 0.1) cannot be a verdict.
+    assert (
+        "| 0.00 | 0.100 | — | no verdict: too few seeds: at 3 against 3 the smallest possible p "
+        "is 0.100 > 0.05 |" in text.out
+    )
+    assert "no verdict: adjusted p 1.000 > 0.05 (exact permutation (ties)) |" in text.out
+    assert "| gone | 3 / 0 of 3 (3 failed) |" in text.out and "no finished seed in B" in text.out
+    assert "IQM A [95% CI, trimmed t]" in text.out
     assert out.read_text() == text.out
     assert main(["compare", "after", "before", *results]) == 0
-    assert (
-        "| a | 3 / 3 | 52.0 [51.0, 53.0] | 102.0 [101.0, 103.0] | 1.00 [1.00, 1.00] | **B better** |"
-        in capsys.readouterr().out
-    )
+    assert "| 1.00 | 0.002 | 0.006 | **B better** |" in capsys.readouterr().out
+    # Fewer presets compared: a smaller correction.
+    assert main(["compare", "before", "after", *results, "--preset", "sep"]) == 1
+    assert "| 0.00 | 0.002 | 0.002 | **B worse** |" in capsys.readouterr().out
     assert main(["compare", "before", "nope", *results]) == 2
     assert "no sweep 'nope'" in capsys.readouterr().err
+
+
+def test_compare_says_when_no_verdict_is_attainable(tmp_path: Path, capsys):
+    """20 presets at 5 seeds a side: the smallest possible p, 2 / 252, is above Holm's first
+    threshold, 0.05 / 20, so even complete separation everywhere is no verdict; it says so."""
+    results = ["--results-dir", str(tmp_path / "results")]
+    names = [f"p{i:02d}" for i in range(20)]
+    committed_sweep(tmp_path / "results", "a", {n: [10.0, 11.0, 12.0, 13.0, 14.0] for n in names})
+    committed_sweep(tmp_path / "results", "b", {n: [1.0, 2.0, 3.0, 4.0, 5.0] for n in names})
+    assert main(["compare", "a", "b", *results]) == 0
+    out = capsys.readouterr().out
+    assert "No verdict is attainable in this comparison: with 20 presets" in out
+    assert out.count("no verdict: adjusted p 0.159 > 0.05") == 20  # 20 x 2/252, made monotone
+
+
+# --- the README's table -------------------------------------------------------------------
+
+
+def test_readme_lists_every_preset_and_what_was_not_run_at_this_definition(
+    tmp_path: Path, zoo, capsys
+):
+    args = zoo(preset_toml("a", seeds=2), preset_toml("b"))
+    _git(tmp_path, "init", "-q")
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
+    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
+    _git(tmp_path, *commit, "-m", "first")
+    first = _git(tmp_path, "rev-parse", "HEAD")
+    results_dir = tmp_path / "results"
+    assert main(["full", *args, "--name", "s", "--results-dir", str(results_dir)]) == 0
+    readme = tmp_path / "README.md"
+    readme.write_text("# T\n<!-- results:start -->\n<!-- results:end -->\n")
+    flags = ["readme", "--readme", str(readme), "--results-dir", str(results_dir), *args[:4]]
+    assert main(flags) == 0
+    text = readme.read_text()
+    assert f"- algorithm files changed since commit `{first[:10]}`: none" in text
+    assert "- 2 of the zoo's 2 presets have a result at their current definition" in text
+    assert "not run at this definition" not in text
+
+    # The zoo moves on: b's budget changes, c is added, and the algorithm file changes.
+    zoo(
+        preset_toml("a", seeds=2),
+        preset_toml("b").replace("total_steps = 200", "total_steps = 400"),
+        preset_toml("c"),
+    )
+    with open(tmp_path / "algos/fake.py", "a") as f:
+        f.write("# a change\n")
+    _git(tmp_path, *commit, "-am", "second")
+    assert main(flags) == 0
+    text = readme.read_text()
+    assert f"- algorithm files changed since commit `{first[:10]}`: 1 of 1: `fake.py`" in text
+    assert "- 1 of the zoo's 3 presets have a result at their current definition" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| a", "| b", "| c"]  # the zoo's presets
+    assert rows[0].startswith("| a | Fake-v0 | 200 | 2 | 101.5 ± 0.7 |")
+    assert rows[1] == (
+        "| b | Fake-v0 | 400 | 1 | **not run at this definition** | — | s ran another definition "
+        "(full.total_steps changed since) | — | — | — | — |"
+    )
+    assert (
+        "| c | Fake-v0 | 200 | 1 | **not run at this definition** | — | not in sweep s |" in rows[2]
+    )
+    assert "101.0" not in rows[1]  # no old number under a new definition
+
+    # A clone without the sweep's commit (shallow, or rewritten history) says so.
+    results = json.loads((results_dir / "s/results.json").read_text())
+    for run in results["runs"]:
+        run["provenance"]["commit"] = "f" * 40
+    (results_dir / "s/results.json").write_text(json.dumps(results))
+    assert main(flags) == 0
+    assert (
+        f"- algorithm files changed since commit `{'f' * 10}`: unknown (the commit is not in this "
+        "clone's history)" in readme.read_text()
+    )
+
+
+def test_the_committed_readme_block_is_what_readme_generates():
+    """README.md's results table is generated, never typed: it must equal `python -m benchmark
+    readme`'s output for the committed results and today's zoo (run that command after a sweep,
+    a change to a preset, or a commit that changes which algorithm files differ from the sweep's)."""
+    from benchmark.report import README_END, README_START, readme_block
+
+    shallow = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
+        capture_output=True,
+        text=True,
+    )
+    if shallow.returncode != 0 or shallow.stdout.strip() == "true":
+        pytest.skip("needs the repository's git history (the block names files changed since)")
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    committed = text[text.index(README_START) : text.index(README_END) + len(README_END)]
+    generated = readme_block(
+        readme, ROOT / "results", load_zoo(ROOT / "zoo", ROOT / "algos"), ROOT / "algos"
+    )
+    assert committed == generated, (
+        "README.md's results block is stale: run python -m benchmark readme"
+    )
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def test_help_names_every_subcommand_and_workers_counts_cpus(capsys):
+    from benchmark import __main__ as cli
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    names = re.findall(r"^- ([a-z-]+):", cli.__doc__, flags=re.M)
+    assert names == [
+        "smoke",
+        "full",
+        "datasets",
+        "report",
+        "readme",
+        "compare",
+        "sizes",
+        "dqn-memory",
+        "ensemble-speed",
+    ]
+    for name in names:
+        assert f"- {name}:" in text, name
+    with pytest.raises(SystemExit):
+        main(["full", "--help"])
+    text = capsys.readouterr().out
+    assert "--workers CPUS" in text and "How many CPUs to use (not how many runs)" in text
+
+
+def test_report_of_a_smoke_sweep_stays_with_its_runs(tmp_path: Path, zoo):
+    args = zoo(preset_toml("a"))
+    assert main(["smoke", *args, "--name", "s"]) == 0
+    (tmp_path / "runs/s/report.md").unlink()
+    results_dir = tmp_path / "results"
+    report = ["report", "--name", "s", "--runs-dir", str(tmp_path / "runs")]
+    assert main([*report, "--results-dir", str(results_dir)]) == 0
+    assert (tmp_path / "runs/s/report.md").exists() and not results_dir.exists()
+
+
+def test_dry_run_lists_the_runs_and_their_estimated_cpu_time(tmp_path: Path, zoo, capsys):
+    args = zoo(
+        preset_toml("a", seeds=3, timeout=600), preset_toml("b", timeout=900, extra="num_cpus = 2")
+    )
+    results_dir = tmp_path / "results"
+    committed_sweep(results_dir, "old", {"a": [1.0, 2.0]})  # measured: 60 s per run of 200 steps
+    capsys.readouterr()
+    assert main(["full", *args, "--name", "n", "--results-dir", str(results_dir), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep n (dry run: nothing is started): 4 runs to start, 0 already finished" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[1:4]}
+    assert lines["a"][:4] == ["a", "3", "200", "1"] and "1.0 min" in " ".join(lines["a"])
+    assert "15.0 min (time limit)" in " ".join(lines["b"])  # no measurement: the limit
+    # 3 runs x 1 min x 1 CPU + 1 run x 15 min x 2 CPUs = 33 CPU-minutes
+    assert "estimated CPU time: 0.6 CPU-hours (0.5 of them time limits), about 16.5 min on " in out
+    assert "for 1 of the 2 presets" in out
+    assert not (tmp_path / "runs/n").exists()  # nothing started, nothing written
 
 
 # --- progress -----------------------------------------------------------------------------
@@ -1347,10 +1621,11 @@ def test_datasets_subcommand_builds_only_the_selected_presets_datasets(tmp_path:
 
 
 def test_a_dataset_from_a_checkpoint_uses_the_sweeps_algorithm_files(tmp_path: Path, zoo, capsys):
-    from test_datasets import load_algo
+    from test_datasets import load_algo, save_with_harness
 
     naf = load_algo("naf")
-    naf.save_checkpoint(
+    save_with_harness(
+        naf,
         tmp_path / "naf.pt",
         naf.Args(env_id="Pendulum-v1", hidden_dim=8),
         9,

@@ -2,7 +2,8 @@
 without CPUs and two worker nodes of one CPU each, one with a GPU as far as Ray knows): code shipped with each task (no run reads
 the driver's folders), outputs brought back, resource requests, a dataset built by the driver before
 submitting and read by the run (a relative root refused), a killed node's run resumed from
-storage, and no training process left by a cancelled sweep or a lost driver.
+storage, a run lost before its first save started afresh in an emptied folder, and no training
+process left by a cancelled sweep or a lost driver.
 
 Heavy on a 2-core machine (a cluster takes about half a minute to start), so `slow`, and one test
 on one cluster: test workers (pytest -n) cannot split it into several clusters at once."""
@@ -22,6 +23,7 @@ from test_benchmark import FAKE, _processes_with, _wait_for, preset_toml, record
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
 from benchmark.__main__ import main
+from benchmark.backends import Storage, resume_from_storage
 
 ray = pytest.importorskip("ray")
 
@@ -198,6 +200,49 @@ def a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster) 
         cluster.wait_for_nodes()
 
 
+def a_run_lost_before_its_first_save_starts_afresh(tmp_path: Path, sweep, cluster) -> None:
+    """The node dies after the run's folder (event files, log) was copied to storage but before
+    any checkpoint: the retried task must not restore that folder beside its new outputs (the
+    curve would hold both attempts' points, 30 for a 20-point run)."""
+    marker = tmp_path / "unsaved-marker"  # the first attempt creates it; the retry then finishes
+    args = sweep(
+        preset_toml(
+            "lost",
+            args=f'behaviour = "stall-unsaved", marker = "{marker}"',
+            timeout=300,
+            env="LostUnsaved-v0",
+        )
+    )
+    driver = _driver(tmp_path, args, "unsaved")
+    stored = tmp_path / "storage/unsaved/lost/seed1"
+    _wait_for(
+        lambda: (
+            "stalling unsaved" in _stored_log(tmp_path, "unsaved", "lost")
+            and any(stored.glob("events.out.tfevents.*"))
+        ),
+        driver,
+        timeout=180,
+    )
+    assert not (stored / "checkpoints").exists()
+    node_id = _stored_log(tmp_path, "unsaved", "lost").split("attempt on node ")[1][:12]
+    (node,) = [n for n in cluster.worker_nodes if n.node_id.startswith(node_id)]
+    cluster.remove_node(node, allow_graceful=False)
+    try:
+        out, err = driver.communicate(timeout=240)
+        assert driver.returncode == 0, (out, err)
+        rec = record(tmp_path, "unsaved", "lost")
+        assert rec["status"] == "ok" and not rec["resumed"]
+        assert [step for step, _ in rec["curves"]["train"]] == list(range(10, 201, 10))
+        run_dir = tmp_path / "runs/unsaved/lost/seed1"
+        assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+        assert len(list(stored.glob("events.out.tfevents.*"))) == 1  # storage emptied too
+        assert "stalling unsaved" not in (run_dir / "benchmark.log").read_text()
+        _wait_for(lambda: not _processes_with("LostUnsaved-v0"), timeout=60)
+    finally:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+
+
 def a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str) -> None:
     env, name = f"Stopped{stop.title().replace(' ', '')}-v0", f"stop-{stop.replace(' ', '-')}"
     args = sweep(preset_toml("slow", seeds=2, args='behaviour = "sleep"', timeout=300, env=env))
@@ -235,5 +280,34 @@ def a_stopped_sweep_leaves_no_training_process(tmp_path: Path, sweep, stop: str)
 def test_ray_cluster(tmp_path: Path, sweep, cluster):
     runs_ship_their_code_and_bring_outputs_back(tmp_path, sweep)
     a_run_on_a_killed_node_resumes_from_storage(tmp_path, sweep, cluster)
+    a_run_lost_before_its_first_save_starts_afresh(tmp_path, sweep, cluster)
     for stop in ("cancel", "lost driver"):
         a_stopped_sweep_leaves_no_training_process(tmp_path, sweep, stop)
+
+
+@pytest.mark.parametrize("url", ["folder", "memory://bench/unsaved"])
+def test_a_stored_folder_without_a_checkpoint_is_emptied_before_the_run(tmp_path: Path, url: str):
+    """What a Ray task does with its stored copy before it starts the run, as the local backend
+    does with a run folder: resume from a checkpoint, else start in an empty folder."""
+    url = str(tmp_path / "store") if url == "folder" else url
+    lost = tmp_path / "lost"  # a node lost after a copy, before the first save
+    lost.mkdir()
+    (lost / "events.out.tfevents.1.old").write_text("ten points")
+    (lost / "benchmark.log").write_text("first attempt\n")
+    stored = Storage(url)
+    stored.upload(lost)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "leftover").write_text("x")
+    assert resume_from_storage(Storage(url), run_dir) is False
+    assert list(run_dir.iterdir()) == []
+    assert not Storage(url).restore(tmp_path / "again")  # the stored copy is gone too
+
+    (lost / "checkpoints").mkdir()
+    (lost / "checkpoints/latest.pt").write_text("step 100")
+    Storage(url).upload(lost)
+    resumed = tmp_path / "resumed"
+    assert resume_from_storage(Storage(url), resumed) is True
+    assert (resumed / "events.out.tfevents.1.old").exists()  # a resumed run keeps its curve
+    assert resume_from_storage(None, tmp_path / "fresh") is False
+    assert (tmp_path / "fresh").is_dir()

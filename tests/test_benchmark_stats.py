@@ -1,7 +1,9 @@
-"""The benchmark's statistics against rliable's definitions (Agarwal et al., 2021) on fixed
-inputs: hand-computed interquartile means, bootstrap intervals against the exact bootstrap
-distribution, stratification, the probability of improvement against the Mann-Whitney U
-statistic, sample efficiency from evaluation curves, targets, normalisation."""
+"""The benchmark's statistics against rliable's definitions (Agarwal et al., 2021) and SciPy on
+fixed inputs: hand-computed interquartile means, the trimmed-mean t-interval (and its coverage by
+simulation), the pooled bootstrap against the exact bootstrap distribution, stratification, the
+probability of improvement against the Mann-Whitney U statistic, the rank test and Holm's
+correction (and `compare`'s false-alarm rate and power by simulation), sample efficiency from
+evaluation curves, targets, normalisation."""
 
 from __future__ import annotations
 
@@ -18,14 +20,22 @@ from benchmark.aggregate import (
     check_target,
     crossing_step,
     eval_iqm_curve,
+    exact_p_value,
     holds,
+    holm,
     iqm,
     iqm_ci,
+    iqm_interval,
     normalise,
     probability_of_improvement,
+    rank_test,
     run_metric,
     score_stats,
+    smallest_p_value,
     stays_above_step,
+    trimmed_t_interval,
+    u_statistic,
+    verdicts,
 )
 from benchmark.manifest import Target
 
@@ -59,12 +69,85 @@ def test_interval_matches_the_exact_bootstrap_distribution():
     assert iqm_ci(NAF) == (low, high)  # fixed seed: reproducible
 
 
-def test_no_interval_under_three_seeds():
+def test_no_interval_under_three_seeds_and_no_std_for_one():
     assert iqm_ci([5.0]) is None and iqm_ci([1.0, 2.0]) is None
-    assert score_stats([2336.6])["iqm_ci95"] is None  # not "2,336.6 [2,336.6, 2,336.6]"
-    assert iqm_ci([1.0, 2.0, 3.0]) is not None
+    assert iqm_interval([5.0]) is None and iqm_interval([1.0, 2.0]) is None
+    one = score_stats([2336.6])
+    assert one["iqm_ci95"] is None  # not "2,336.6 [2,336.6, 2,336.6]"
+    assert one["std"] is None  # not 0.0, which reads as no variance
+    assert iqm_ci([1.0, 2.0, 3.0]) is not None and iqm_interval([1.0, 2.0, 3.0]) is not None
     assert iqm_ci([1.0, 2.0, 3.0], [4.0, 5.0]) is None  # any preset under three seeds
     assert score_stats([]) == {"n": 0, "mean": None, "std": None, "iqm": None, "iqm_ci95": None}
+
+
+def test_std_is_the_sample_std():
+    summary = score_stats(NAF)
+    assert summary["std"] == pytest.approx(np.std(NAF, ddof=1)) and summary["n"] == 5
+    assert score_stats([101.0, 102.0])["std"] == pytest.approx(np.sqrt(0.5))
+
+
+# --- a preset's interval: the Tukey-McLaughlin t-interval of the IQM ------------------------
+
+
+def test_trimmed_t_interval_hand_computed():
+    # naf-pendulum, n = 5: g = 1 trimmed each side, h = 3 kept.
+    low, high = iqm_interval(NAF)
+    kept = [-144.7, -140.5, -129.5]
+    winsorised = np.array([-144.7, -144.7, -140.5, -129.5, -129.5])  # -147.3 up, -123.3 down
+    ssw = ((winsorised - winsorised.mean()) ** 2).sum()
+    half = stats.t.ppf(0.975, 2) * np.sqrt(ssw / (3 * 2))
+    assert (low, high) == pytest.approx((np.mean(kept) - half, np.mean(kept) + half))
+    assert score_stats(NAF)["iqm_ci95"] == pytest.approx([low, high])
+    # n < 4 trims nothing: Student's t-interval of the mean.
+    three = [1.0, 2.0, 4.0]
+    expected = stats.t.interval(0.95, 2, loc=np.mean(three), scale=stats.sem(three))
+    assert iqm_interval(three) == pytest.approx(expected)
+    # n = 8: two trimmed each side, 3 degrees of freedom; vectorised rows give the same.
+    x = np.array(
+        [[3.0, 9.0, 1.0, 4.0, 7.0, 2.0, 8.0, 30.0], [5.0, 1.0, 2.0, 2.0, 9.0, 6.0, 4.0, 3.0]]
+    )
+    lows, highs = trimmed_t_interval(x)
+    for row, lo, hi in zip(x, lows, highs):
+        s = np.sort(row)
+        w = np.concatenate([[s[2]] * 2, s[2:6], [s[5]] * 2])
+        half = stats.t.ppf(0.975, 3) * np.sqrt(((w - w.mean()) ** 2).sum() / (4 * 3))
+        assert (lo, hi) == pytest.approx((s[2:6].mean() - half, s[2:6].mean() + half))
+    assert score_stats([500.0] * 5)["iqm_ci95"] == [500.0, 500.0]  # no spread, no width
+
+
+def population_trimmed_mean(dist) -> float:
+    """The mean of the middle half of a distribution (its 25% trimmed mean)."""
+    return float(dist.ppf(np.linspace(0.25, 0.75, 200_001)).mean())
+
+
+COVERAGE_TRIALS = 20_000
+
+
+@pytest.mark.parametrize(
+    "name, dist", [("normal", stats.norm(10, 3)), ("lognormal", stats.lognorm(1.0))]
+)
+def test_trimmed_t_interval_covers_the_population_trimmed_mean(name, dist):
+    """Coverage of the 95% interval at the benchmark's seed counts, by simulation: within 3.5
+    points of nominal for normal scores and strongly skewed ones (lognormal, sigma 1, skewness
+    6.2). The percentile bootstrap of the same IQM, which reports used before, is shown beside it
+    for 3 and 5 seeds (computed exactly: every equally likely resample)."""
+    rng = np.random.default_rng(2024)
+    target = population_trimmed_mean(dist)
+    for n in (3, 5, 10):
+        x = dist.rvs(size=(COVERAGE_TRIALS, n), random_state=rng)
+        low, high = trimmed_t_interval(x)
+        coverage = float(np.mean((low <= target) & (target <= high)))
+        line = f"{name}, {n} seeds: trimmed t covers {coverage:.3f}"
+        if n <= 5:
+            resamples = np.array(list(itertools.product(range(n), repeat=n)))
+            hits = []
+            for chunk in np.split(x[:1000], 5):  # [200, n^n resamples, n] at a time
+                boot = stats.trim_mean(chunk[:, resamples], 0.25, axis=-1)
+                lo, hi = np.quantile(boot, [0.025, 0.975], axis=1)
+                hits.append((lo <= target) & (target <= hi))
+            line += f"; percentile bootstrap {np.mean(hits):.3f}"
+        print(line)
+        assert abs(coverage - 0.95) <= 0.035, line
 
 
 def test_pooled_interval_is_stratified_by_preset():
@@ -88,15 +171,12 @@ def test_probability_of_improvement_against_mann_whitney():
         (rng.integers(0, 5, 4).astype(float), rng.integers(0, 5, 6).astype(float)) for _ in range(3)
     ]  # ties
     poi = probability_of_improvement(tasks)
-    assert poi["p"] == pytest.approx(np.mean([rliable_poi(b, a) for b, a in tasks]))
-    assert probability_of_improvement([([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])])["p"] == 0.5
-    assert probability_of_improvement([([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])]) == {
-        "p": 1.0,
-        "ci95": (1.0, 1.0),
-    }
-    low, high = poi["ci95"]
-    assert low <= poi["p"] <= high
-    assert probability_of_improvement([([1.0, 2.0], [0.0, 1.0, 2.0])])["ci95"] is None
+    assert poi == pytest.approx(np.mean([rliable_poi(b, a) for b, a in tasks]))
+    assert probability_of_improvement([([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])]) == 0.5
+    # A description only: complete separation at 3 seeds is P = 1, with no interval that would
+    # read as certainty ([1.00, 1.00]); whether it is a difference is the rank test's question.
+    assert probability_of_improvement([([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])]) == 1.0
+    assert rank_test([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])["p"] == pytest.approx(0.1)
 
 
 def test_sample_efficiency_from_evaluation_curves():
@@ -219,3 +299,121 @@ def test_run_metrics_final_and_lowest_of_the_last_three():
 def test_human_normalised_breakout():
     assert normalise(20.8, 1.7, 30.5) == pytest.approx(19.1 / 28.8)
     assert normalise(1.7, 1.7, 30.5) == 0.0 and normalise(30.5, 1.7, 30.5) == 1.0
+
+
+# --- compare: the rank test, Holm's correction, and their behaviour by simulation ----------
+
+
+def test_rank_test_is_scipys_exact_mann_whitney_without_ties():
+    rng = np.random.default_rng(3)
+    for n, m in ((3, 3), (5, 5), (10, 10), (4, 7), (6, 2)):
+        for _ in range(10):
+            b, a = rng.normal(size=n), rng.normal(size=m)
+            test = rank_test(b, a)
+            expected = stats.mannwhitneyu(b, a, alternative="two-sided", method="exact")
+            assert test["method"] == "exact" and test["p"] == pytest.approx(expected.pvalue)
+            assert test["poi"] == pytest.approx(expected.statistic / (n * m))
+            # the vectorised lookup the simulations use gives the same p-value
+            assert exact_p_value(u_statistic(b, a), n, m) == pytest.approx(expected.pvalue)
+    assert smallest_p_value(3, 3) == pytest.approx(0.1)  # 2 / C(6, 3)
+    assert smallest_p_value(5, 5) == pytest.approx(2 / 252)
+    assert smallest_p_value(10, 10) == pytest.approx(2 / 184_756)
+    assert exact_p_value(0, 3, 3) == pytest.approx(0.1) and exact_p_value(4.5, 3, 3) == 1.0
+
+
+def test_rank_test_with_ties_is_the_exact_permutation_distribution():
+    b, a = [3.0, 4.0, 5.0, 5.0], [0.0, 1.0, 5.0, 5.0]
+    pooled = np.array(b + a)
+    u_seen = float(u_statistic(np.array(b), np.array(a)))
+    splits = [
+        (pooled[list(i)], np.delete(pooled, list(i))) for i in itertools.combinations(range(8), 4)
+    ]  # all 70 equally likely splits
+    us = np.array([float(u_statistic(x, y)) for x, y in splits])
+    # two-sided: twice the smaller tail, at most 1
+    expected = min(1.0, 2 * min(np.mean(us >= u_seen), np.mean(us <= u_seen)))
+    test = rank_test(b, a)
+    assert test["method"] == "exact permutation (ties)"
+    assert test["p"] == pytest.approx(expected) and test["poi"] == pytest.approx(u_seen / 16)
+    assert rank_test([500.0] * 5, [500.0] * 5)["p"] == 1.0  # a capped return: no difference
+
+
+def test_holm_hand_computed():
+    p = np.array([0.01, 0.04, 0.03, 0.005, 0.5])
+    tested = np.array([True, True, True, True, False])
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> made
+    # non-decreasing: 0.02, 0.03, 0.06, 0.06; the untested one has none.
+    adjusted = holm(p, tested)
+    assert adjusted[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and np.isnan(adjusted[4])
+    poi = np.array([0.9, 0.1, 0.2, 0.0, 1.0])
+    assert verdicts(poi, p, tested).tolist() == [1, 0, 0, -1, 0]
+    assert verdicts(poi, p, tested, level=0.1).tolist() == [1, -1, -1, -1, 0]
+    # vectorised over trials: each row on its own
+    rows = np.stack([p, p[::-1]])
+    assert holm(rows, np.ones(5, bool))[1] == pytest.approx(holm(p[::-1], np.ones(5, bool)))
+
+
+PRESETS, TRIALS = 20, 10_000
+
+
+def simulate(n: int, shift: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`compare`'s verdicts over TRIALS pairs of simulated sweeps: PRESETS presets, n seeds a
+    side, standard normal final evaluations, B's shifted by `shift` (per preset) standard
+    deviations. The same decisions as compare's: presets whose smallest possible p exceeds the
+    level get no verdict and stay out of Holm's correction; the exact p-value of each U."""
+    a = rng.normal(size=(TRIALS, PRESETS, n))
+    b = rng.normal(size=(TRIALS, PRESETS, n)) + shift[:, None]
+    u = u_statistic(b, a)
+    p = exact_p_value(u, n, n)
+    tested = np.full(PRESETS, smallest_p_value(n, n) <= 0.05)
+    return verdicts(u / (n * n), p, tested)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_compare_rarely_raises_a_false_alarm_between_two_sweeps_of_one_distribution(n):
+    """Two sweeps of 20 presets from one distribution: the share of simulated comparisons with
+    any verdict (any preset called better or worse) is at most 5%, at 3, 5 and 10 seeds a side.
+    At 3 seeds no verdict is possible (p >= 0.1); at 5, none with 20 presets (Holm's first
+    threshold, 0.05 / 20, is below the smallest possible p, 2 / 252); at 10 the exact rate under
+    Holm is 1 - (1 - P(p <= 0.0025))^20, which the simulation must match."""
+    verdict = simulate(n, np.zeros(PRESETS), np.random.default_rng(n))
+    any_verdict = float(np.mean((verdict != 0).any(axis=1)))
+    any_worse = float(np.mean((verdict < 0).any(axis=1)))
+    exact = 0.0
+    if n == 10:
+        null = exact_p_value(np.arange(101), 10, 10)
+        reachable = np.unique(null[null <= 0.05 / PRESETS]).max()  # P(p <= 0.0025) exactly
+        exact = 1 - (1 - reachable) ** PRESETS
+        sd = np.sqrt(exact * (1 - exact) / TRIALS)
+        assert abs(any_verdict - exact) <= 4 * sd
+    print(
+        f"{n} seeds: some verdict in {any_verdict:.4f} of {TRIALS} comparisons, some 'B worse' "
+        f"in {any_worse:.4f} (exact family-wise rate {exact:.4f})"
+    )
+    assert any_verdict <= 0.05 and exact <= 0.05
+    if n < 10:
+        assert any_verdict == 0.0
+
+
+def test_compare_detects_a_shift_of_one_standard_deviation_at_10_seeds():
+    """Power at 10 seeds a side, B worse by one standard deviation: (1) on all 20 presets, the
+    share of comparisons that flag at least one preset "B worse" (the exit status) must be most;
+    the share of presets flagged is reported; (2) on one preset of 20, the share of comparisons
+    that flag it."""
+    rng = np.random.default_rng(7)
+    every = simulate(10, np.full(PRESETS, -1.0), rng)
+    at_least_one = float(np.mean((every < 0).any(axis=1)))
+    per_preset = float(np.mean(every < 0))
+    shift = np.zeros(PRESETS)
+    shift[0] = -1.0
+    one = simulate(10, shift, rng)
+    print(
+        f"every preset 1 sd worse: at least one flagged in {at_least_one:.3f} of comparisons, "
+        f"{per_preset:.3f} of presets flagged; one preset of 20 worse: flagged in "
+        f"{np.mean(one[:, 0] < 0):.3f}, a false verdict elsewhere in "
+        f"{np.mean((one[:, 1:] != 0).any(axis=1)):.3f}; 'B better' on all 20 in "
+        f"{np.mean((every > 0).any(axis=1)):.4f}"
+    )
+    assert at_least_one > 0.5
+    # The opposite verdict (Holm's later, looser thresholds can take a preset whose seeds happen
+    # to favour B) stays rare.
+    assert np.mean((every > 0).any(axis=1)) < 0.01
