@@ -43,7 +43,7 @@ Implementation details:
     masked out of every loss and statistic (`valid`). GAE uses V(s_{t+1}) on truncation (under
     NEXT_STEP, s_{t+1} is the real final observation) and 0 on termination.
  6. Orthogonal init (sqrt 2 body, 0.01 policy head, 1 value heads), tanh MLPs, optional linear LR
-    annealing of both optimizers to 0 at --anneal-steps (by default the first run's
+    annealing of both optimizers to 0 at --schedule-steps (by default the first run's
     --total-steps; a resume keeps that horizon, and a --total-steps beyond it is refused rather
     than training at a rate of 0). --norm-reward divides rewards by the running std of the
     discounted return and clips them to +-10, as the reference's RewardNormalizer.
@@ -144,9 +144,9 @@ class Args:
     adam_eps: float = 1e-5
     """Adam epsilon of both optimizers (the reference's: 1e-8)"""
     anneal_lr: bool = True
-    """anneal both learning rates linearly to 0 at --anneal-steps"""
-    anneal_steps: int = 0
-    """step at which the rates reach 0 (0: the first run's --total-steps)"""
+    """anneal both learning rates linearly to 0 at --schedule-steps"""
+    schedule_steps: int | None = None
+    """step at which the rates reach 0 (default: the first run's --total-steps)"""
     gamma: float = 0.98
     """discount"""
     gae_lambda: float = 0.8
@@ -503,7 +503,7 @@ def train(args: Args) -> None:
         return eval_only(args)
     obs_dim, num_actions = check_env(args.env_id)
     ckpt = load_resume(args)
-    anneal_steps = anneal_horizon(args, ckpt)
+    horizon = anneal_horizon(args, ckpt)
     device = seed_and_pick_device(args)
     envs = make_envs(args.env_id, args.num_envs)
     agent = Agent(obs_dim, num_actions, args.hidden_dim, args.arch).to(device)
@@ -515,7 +515,7 @@ def train(args: Args) -> None:
     aux = aux_storage(args.n_pi if args.e_aux else 0, batch_size, obs_dim, device)
     carry = reset_carry(envs, args.seed, device)
     reward_norm = {"moments": [0, 0.0, 1.0], "ret": torch.zeros(N, device=device)}
-    counters = {"iteration": 0, "phase_iteration": 0, "aux_phases": 0, "anneal_steps": anneal_steps}
+    counters = {"iteration": 0, "phase_iteration": 0, "aux_phases": 0, "schedule_steps": horizon}
     counters |= {"train_time_s": 0.0, "aux_time_s": 0.0}
     if ckpt:
         restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters)
@@ -529,9 +529,9 @@ def train(args: Args) -> None:
     with RunLogger(args, run_dir_for(args, args.resume), global_step, total, bool(ckpt)) as log:
         while global_step < total and not stop:
             t_iter = time.time()
-            frac = 1.0  # both rates fall linearly to 0 at anneal_steps (detail 6)
+            frac = 1.0  # both rates fall linearly to 0 at the horizon (detail 6)
             if args.anneal_lr:
-                frac -= counters["iteration"] / (anneal_steps // batch_size)
+                frac -= counters["iteration"] / (horizon // batch_size)
             lr, aux_lr = frac * args.learning_rate, frac * args.aux_learning_rate
             optimizer.param_groups[0]["lr"], aux_optimizer.param_groups[0]["lr"] = lr, aux_lr
             counters["iteration"] += 1
@@ -597,9 +597,10 @@ def check_args(args: Args) -> None:
     check_flags(
         args,
         [
+            (min(args.e_v, args.e_aux) >= 0, "--e-v and --e-aux must not be negative"),
             (
-                min(args.e_v, args.e_aux, args.anneal_steps) >= 0,
-                "--e-v, --e-aux and --anneal-steps must not be negative",
+                args.schedule_steps is None or args.schedule_steps > 0,
+                "--schedule-steps must be positive",
             ),
             (
                 args.e_v > 0 or args.e_aux > 0,
@@ -667,18 +668,19 @@ def load_resume(args: Args) -> dict | None:
 
 
 def anneal_horizon(args: Args, ckpt: dict | None) -> int:
-    """The step at which the annealed rates reach 0 (detail 6): --anneal-steps if given, else the
-    checkpoint's horizon on resume, else this run's --total-steps."""
-    if args.anneal_steps:
-        horizon = args.anneal_steps
+    """The step at which the annealed rates reach 0 (detail 6): --schedule-steps if given, else
+    the checkpoint's horizon on resume, else this run's --total-steps."""
+    if args.schedule_steps is not None:
+        horizon = args.schedule_steps
     elif ckpt is not None:
-        horizon = ckpt["anneal_steps"]
+        # checkpoints written before the flag's rename name it anneal_steps
+        horizon = ckpt.get("schedule_steps", ckpt.get("anneal_steps"))
     else:
         horizon = args.total_steps
     if args.anneal_lr and args.total_steps > horizon:  # refused rather than trained at a rate of 0
         raise fail(
             f"--total-steps {args.total_steps} runs past the learning-rate schedule, which reaches "
-            f"0 at step {horizon}; pass --anneal-steps {args.total_steps} to stretch it, "
+            f"0 at step {horizon}; pass --schedule-steps {args.total_steps} to stretch it, "
             "or --no-anneal-lr"
         )
     return horizon
@@ -771,13 +773,15 @@ def fail(message: str) -> SystemExit:
 
 def check_flags(args, rows: list[tuple[bool, str]]) -> None:
     """Stop at the first false (condition, message) row, the common flags' rows first."""
+    intervals = min(args.eval_interval, args.checkpoint_interval)
+    cuda = args.device != "cuda" or torch.cuda.is_available()
     common = [
         (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
         (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (min(args.eval_interval, args.checkpoint_interval) >= 0, "intervals must be >= 0"),
+        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
         (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
         (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (args.device != "cuda" or torch.cuda.is_available(), "CUDA is not available"),
+        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
         (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
     ]
     for ok, message in common + rows:
@@ -827,7 +831,7 @@ def load_checkpoint(path: str, env_id: str | None = None) -> dict:
     except FileNotFoundError:
         raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
     except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt")
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
     if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
         raise fail(f"{path} is not a checkpoint written by this library")
     if ckpt["algo"] != ALGO:
@@ -908,7 +912,8 @@ class RunLogger:
         self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
         self.start_step = self.step = start_step
         self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        write_atomic(run_dir / "config.json", config := {**asdict(args), **config})
+        config = {**asdict(args), "run_dir": str(run_dir), **config}
+        write_atomic(run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
@@ -918,8 +923,7 @@ class RunLogger:
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start = deque(maxlen=20), time.time()
-        self.last_print = self.loop_start
+        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
 
     def __enter__(self) -> RunLogger:
         return self
@@ -965,9 +969,9 @@ class RunLogger:
             self.save(step, state())  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.last_print, sps = time.time(), self.sps(step)
-            ret = np.mean(self.recent or [np.nan])
+            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret:.1f}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
     def save(self, step: int, state: dict) -> None:

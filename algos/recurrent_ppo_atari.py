@@ -84,6 +84,9 @@ Implementation details:
     default one, the minibatch order's). Not the emulators: a resumed run restarts its games
     (seeded seed + step) and the acting memory with them; the episodes in progress are lost.
 
+Checkpoints written while the width flag was --lstm-hidden-size resume with the file that
+wrote them.
+
 Usage: python recurrent_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
 
@@ -412,7 +415,7 @@ class Rollout:
         """Fresh games (a new or resumed run): the acting memory starts at zero."""
         self.next_obs = torch.from_numpy(obs).to(self.obs.device)
         self.state = agent.initial_state(len(obs), self.obs.device)
-        self.score, self.length = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
+        self.ep_return, self.ep_length = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
 
     def sequences(self, x: torch.Tensor) -> torch.Tensor:
         """(T, N, ...) -> (L, K, ...), K = N T / L: sequence j N + n is env n's chunk j."""
@@ -433,18 +436,20 @@ def collect(agent: Agent, envs: LifeProtocol, ro: Rollout, global_step: int, log
         logits, value, ro.state = agent(ro.next_obs[None], ro.state, starts)
         # NaN weights are caught after the update
         dist = Categorical(logits=logits[0], validate_args=False)
-        actions, obs, reward, ended, terminal, cut, final = envs.step(dist.sample().cpu().numpy())
-        # the actions taken, forced FIRE included (detail 3)
-        action = torch.from_numpy(actions).to(device)
+        forced, action = envs.forced, dist.sample()
+        actions, obs, reward, ended, terminal, cut, final = envs.step(action.cpu().numpy())
+        # the actions taken, forced FIRE included (detail 3); copied only where FIRE was forced
+        if forced.any():
+            action = torch.from_numpy(actions).to(device)
         ro.actions[t], ro.logprobs[t], ro.values[t] = action, dist.log_prob(action), value[0]
         ro.trunc_values[t] = bootstrap_values(agent, final, cut, ro.state, device)
         # rewards clipped for learning (Mnih et al. 2015)
         ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut
         ro.next_obs, global_step = torch.from_numpy(obs).to(device), global_step + N
-        ro.score, ro.length = ro.score + reward, ro.length + 1
+        ro.ep_return, ro.ep_length = ro.ep_return + reward, ro.ep_length + 1
         for i in np.flatnonzero(ended):
-            log.episode(global_step, ro.score[i], ro.length[i])
-            ro.score[i], ro.length[i] = 0.0, 0
+            log.episode(global_step, ro.ep_return[i], ro.ep_length[i])
+            ro.ep_return[i], ro.ep_length[i] = 0.0, 0
     return global_step
 
 
@@ -465,7 +470,9 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args
             # statistics of the policy's own steps (detail 4)
             if args.norm_adv:
                 chosen = mb_adv[mb_acted.bool()]
-                mb_adv = (mb_adv - chosen.mean()) / (chosen.std() + 1e-8)
+                # no std of fewer than two steps: those are left as they are
+                if len(chosen) > 1:
+                    mb_adv = (mb_adv - chosen.mean()) / (chosen.std() + 1e-8)
             pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
                 new_logprob,
                 logprobs[:, mb],
@@ -667,7 +674,7 @@ def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=(
         finished |= ended
     envs.vec.close()
     extra = {"eval_capped_games": int(capped.sum())}
-    if video_dir is not None:
+    if video_dir is not None and not stop:
         extra["eval_video_return"] = record_video(agent, atari, video_dir, seed + 10_000, device)
     return scores.tolist(), extra
 
@@ -737,13 +744,15 @@ def fail(message: str) -> SystemExit:
 
 def check_flags(args, rows: list[tuple[bool, str]]) -> None:
     """Stop at the first false (condition, message) row, the common flags' rows first."""
+    intervals = min(args.eval_interval, args.checkpoint_interval)
+    cuda = args.device != "cuda" or torch.cuda.is_available()
     common = [
         (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
         (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (min(args.eval_interval, args.checkpoint_interval) >= 0, "intervals must be >= 0"),
+        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
         (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
         (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (args.device != "cuda" or torch.cuda.is_available(), "CUDA is not available"),
+        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
         (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
     ]
     for ok, message in common + rows:
@@ -793,7 +802,7 @@ def load_checkpoint(path: str, env_id: str | None = None) -> dict:
     except FileNotFoundError:
         raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
     except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt")
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
     if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
         raise fail(f"{path} is not a checkpoint written by this library")
     if ckpt["algo"] != ALGO:
@@ -874,7 +883,8 @@ class RunLogger:
         self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
         self.start_step = self.step = start_step
         self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        write_atomic(run_dir / "config.json", config := {**asdict(args), **config})
+        config = {**asdict(args), "run_dir": str(run_dir), **config}
+        write_atomic(run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
@@ -884,8 +894,7 @@ class RunLogger:
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start = deque(maxlen=20), time.time()
-        self.last_print = self.loop_start
+        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
 
     def __enter__(self) -> RunLogger:
         return self
@@ -931,9 +940,9 @@ class RunLogger:
             self.save(step, state())  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.last_print, sps = time.time(), self.sps(step)
-            ret = np.mean(self.recent or [np.nan])
+            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret:.1f}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
     def save(self, step: int, state: dict) -> None:

@@ -630,13 +630,15 @@ def fail(message: str) -> SystemExit:
 
 def check_flags(args, rows: list[tuple[bool, str]]) -> None:
     """Stop at the first false (condition, message) row, the common flags' rows first."""
+    intervals = min(args.eval_interval, args.checkpoint_interval)
+    cuda = args.device != "cuda" or torch.cuda.is_available()
     common = [
         (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
         (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (min(args.eval_interval, args.checkpoint_interval) >= 0, "intervals must be >= 0"),
+        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
         (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
         (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (args.device != "cuda" or torch.cuda.is_available(), "CUDA is not available"),
+        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
         (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
     ]
     for ok, message in common + rows:
@@ -686,7 +688,7 @@ def load_checkpoint(path: str, env_id: str | None = None) -> dict:
     except FileNotFoundError:
         raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
     except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}); it is corrupt")
+        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
     if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
         raise fail(f"{path} is not a checkpoint written by this library")
     if ckpt["algo"] != ALGO:
@@ -767,7 +769,8 @@ class RunLogger:
         self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
         self.start_step = self.step = start_step
         self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        write_atomic(run_dir / "config.json", config := {**asdict(args), **config})
+        config = {**asdict(args), "run_dir": str(run_dir), **config}
+        write_atomic(run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
@@ -777,8 +780,7 @@ class RunLogger:
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start = deque(maxlen=20), time.time()
-        self.last_print = self.loop_start
+        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
 
     def __enter__(self) -> RunLogger:
         return self
@@ -824,9 +826,9 @@ class RunLogger:
             self.save(step, state())  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.last_print, sps = time.time(), self.sps(step)
-            ret = np.mean(self.recent or [np.nan])
+            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret:.1f}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
     def save(self, step: int, state: dict) -> None:

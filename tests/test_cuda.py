@@ -81,7 +81,7 @@ CASES = {
             "4",
             "--eval-episodes",
             "2",
-            "--anneal-steps",
+            "--schedule-steps",
             "320",
         ],
         192,

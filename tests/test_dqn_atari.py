@@ -1026,7 +1026,7 @@ BAD = [
     ({"env_id": "NoSuchGameNoFrameskip-v4"}, "no Atari ROM named 'NoSuchGame'"),
     ({"total_steps": 0}, "--total-steps must be positive, got 0"),
     ({"eval_episodes": 0}, "--eval-episodes must be at least 1, got 0"),
-    ({"eval_interval": -1}, "intervals must be >= 0"),
+    ({"eval_interval": -1}, "--eval-interval and --checkpoint-interval must be >= 0"),
     ({"num_envs": 0}, "--num-envs must be >= 1, got 0"),
     ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
     ({"target_network_frequency": 0}, "--target-network-frequency must be >= 1, got 0"),
@@ -1047,7 +1047,7 @@ BAD = [
     ({"eval_only": True}, "--eval-only needs --checkpoint PATH"),
     ({"eval_only": True, "checkpoint": "{d}/at10.pt", "resume": "{d}/at10.pt"}, "cannot --resume"),
     ({"eval_only": True, "checkpoint": "{d}/missing.pt"}, "does not exist"),
-    ({"resume": "{d}/corrupt.pt"}, "it is corrupt"),
+    ({"resume": "{d}/corrupt.pt"}, "corrupt or not one"),
     ({"resume": "{d}/other.pt"}, "was written by ppo_atari.py; use ppo_atari.py"),
     (
         {"resume": "{d}/pong.pt"},

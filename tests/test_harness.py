@@ -1,18 +1,23 @@
 """The run harness: the block from `# ===== run harness` to the line before
-`if __name__ == "__main__":` is the same text, byte for byte, in every file of algos/; and each
-file keeps the size budgets of benchmark/sizes.py (`python -m benchmark sizes`): the reader meets
-the algorithm, not the plumbing."""
+`if __name__ == "__main__":` is the same text, byte for byte, in every file of algos/, and it ends
+iterations and runs as CONTRIBUTING.md says; each file keeps the size budgets of
+benchmark/sizes.py (`python -m benchmark sizes`): the reader meets the algorithm, not the
+plumbing."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ALGOS
+import torch
+from conftest import ALGOS, scalars
 
 from benchmark import sizes
 from benchmark.__main__ import main
@@ -46,7 +51,7 @@ def test_the_comparison_detects_a_one_character_change(tmp_path):
 
 def test_harness_stays_within_its_line_budget():
     block = harness_block(ALGOS / FILES[0])
-    assert len(block.splitlines()) <= sizes.HARNESS_LINES == 230
+    assert len(block.splitlines()) <= sizes.HARNESS_LINES == 232
 
 
 def test_every_file_has_a_counterpart():
@@ -155,6 +160,64 @@ def omp_wait_policy_when_torch_loads(path: Path) -> str:
 
 @pytest.mark.parametrize("name", FILES)
 def test_omp_wait_policy_is_passive_before_torch_loads(name):
-    """Issue 8: OpenMP reads OMP_WAIT_POLICY when torch loads it; with the default (spinning) policy a
+    """OpenMP reads OMP_WAIT_POLICY when torch loads it; with the default (spinning) policy a
     d4pg run beside two others on 2 cores took 65 s instead of 18 s. Every file sets PASSIVE first."""
     assert omp_wait_policy_when_torch_loads(ALGOS / name) == "PASSIVE"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"harness_{name}", ALGOS / name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_end_iteration_evaluates_and_saves_as_their_intervals_pass(tmp_path):
+    """Evaluations at each multiple of --eval-interval, checkpoints at each multiple of
+    --checkpoint-interval, neither at the last step (finish() does both there) nor after a signal."""
+    algo = load(FILES[0])
+    args = algo.Args(run_dir=str(tmp_path), total_steps=100, eval_interval=30)
+    args.checkpoint_interval = 50
+    now, evaluated, saved = [0], [], []
+    with algo.RunLogger(args, tmp_path, 0, 100, False) as log:
+        log.save = lambda step, state: saved.append((step, state))
+        for step in range(10, 101, 10):
+            now[0] = step
+            log.end_iteration(step, [], lambda _: evaluated.append(now[0]) or [1.0], lambda: "s")
+        assert (evaluated, saved) == ([30, 60, 90], [(50, "s")])
+        log.end_iteration(120, [15], lambda _: evaluated.append(120) or [1.0], lambda: "s")
+    assert (evaluated, saved) == ([30, 60, 90], [(50, "s")])
+    assert [step for step, _ in scalars(tmp_path, "eval/episodic_return")] == [30, 60, 90]
+
+
+def test_finish_saves_evaluates_and_counts_sps_over_the_loop_only(tmp_path):
+    """summary.json's sps divides the loop's steps by the loop's time, without the final
+    evaluation (0.6 s here, after a 0.3 s loop); its extras keep their eval_ names and go to
+    TensorBoard as eval/<name>; after a signal there is no evaluation and no summary.json."""
+    algo = load(FILES[0])
+    args = algo.Args(run_dir=str(tmp_path), total_steps=300)
+    state = {"weights": torch.arange(3.0)}
+    with algo.RunLogger(args, tmp_path, 0, 300, False) as log:
+        time.sleep(0.3)
+        result = ([1.0, 3.0], {"eval_capped_games": 1})
+        log.finish(300, [], lambda _: time.sleep(0.6) or result, lambda: state, extra=7)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert 0.3 <= 300 / summary["sps"] < 0.6
+    assert (summary["eval_mean"], summary["eval_std"], summary["eval_returns"]) == (
+        2.0,
+        1.0,
+        [1, 3],
+    )
+    assert (summary["eval_capped_games"], summary["extra"], summary["global_step"]) == (1, 7, 300)
+    assert scalars(tmp_path, "eval/capped_games") == [(300, 1.0)]
+    ckpt = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)
+    assert ckpt["global_step"] == 300 and torch.equal(ckpt["weights"], state["weights"])
+
+    stopped = tmp_path / "stopped"
+    with algo.RunLogger(args, stopped, 0, 300, False) as log:
+        log.finish(150, [15], lambda _: pytest.fail("evaluated after a signal"), lambda: state)
+    assert not (stopped / "summary.json").exists()
+    assert (
+        torch.load(stopped / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == 150
+    )

@@ -439,7 +439,7 @@ def test_tiny_run_outputs_checkpoint_and_eval_only(tmp_run):
     assert [step for step, _ in scalars(tmp_run, "eval/episodic_return")] == [320, 640]
     ckpt = load(tmp_run)
     assert ckpt["algo"] == "ppg" and ckpt["global_step"] == 640 and ckpt["phase_iteration"] == 1
-    assert ckpt["aux_obs"].shape == (1, 64, 4) and ckpt["anneal_steps"] == 640
+    assert ckpt["aux_obs"].shape == (1, 64, 4) and ckpt["schedule_steps"] == 640
     # The default Adam eps is 1e-5, a documented deviation from the reference's 1e-8 (deviation g).
     assert (
         ckpt["optimizer"]["param_groups"][0]["eps"]
@@ -498,12 +498,12 @@ def test_copy_alone_detach_arch(tmp_path):
 def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
     """Stopped at step 448 (mid-phase: 7 iterations, N_pi 3), moved, resumed to 1024: the same
     weights, optimizer states, reward statistics, metrics and learning rates as one run to 1024.
-    The first part runs with --anneal-steps 1024, the resume without it: the schedule's horizon
+    The first part runs with --schedule-steps 1024, the resume without it: the schedule's horizon
     comes from the checkpoint."""
     common = dict(norm_reward=True, eval_interval=0, checkpoint_interval=0)
     full, first, part = tmp_path / "full", tmp_path / "first", tmp_path / "part"
     run(full, total_steps=1024, **common)
-    run(first, total_steps=448, anneal_steps=1024, **common)
+    run(first, total_steps=448, schedule_steps=1024, **common)
     ckpt = load(first)
     assert ckpt["phase_iteration"] == 1 and ckpt["aux_phases"] == 2
     shutil.move(first, part)  # the output follows the checkpoint's folder, not a stored path
@@ -531,7 +531,7 @@ def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
 
 def test_resume_beyond_the_learning_rate_horizon(tmp_path, restore_signals):
     """A resume keeps the horizon at which the annealed rates reach 0: extending the run is refused
-    unless --anneal-steps stretches the schedule (or --no-anneal-lr), never silently restarted."""
+    unless --schedule-steps stretches the schedule (or --no-anneal-lr), never silently restarted."""
     run(tmp_path / "run", total_steps=128, eval_interval=0)
     ckpt = str(tmp_path / "run" / "checkpoints" / "latest.pt")
     message = refused(tmp_path, resume=ckpt, total_steps=256, **TINY_ARGS)
@@ -539,12 +539,12 @@ def test_resume_beyond_the_learning_rate_horizon(tmp_path, restore_signals):
         "--total-steps 256 runs past the learning-rate schedule, which reaches 0 at step 128"
         in message
     )
-    assert "--anneal-steps 256" in message
+    assert "--schedule-steps 256" in message
     ppg.train(
         ppg.Args(
             **TINY_ARGS,
             total_steps=256,
-            anneal_steps=256,
+            schedule_steps=256,
             eval_interval=0,
             device="cpu",
             resume=ckpt,
@@ -621,7 +621,7 @@ def test_cuda_train_resume_on_cuda_and_evaluate_on_cpu(tmp_path):
             "cuda",
             "--total-steps",
             "256",
-            "--anneal-steps",
+            "--schedule-steps",
             "512",
             "--norm-reward",
             "--run-dir",
@@ -811,7 +811,7 @@ def refused(tmp_path, **kwargs) -> str:
         ({"hidden_dim": 0}, ["--hidden-dim must be at least 1"]),
         ({"e_aux": -1}, ["--e-aux", "must not be negative"]),
         ({"e_v": -1}, ["--e-v", "must not be negative"]),
-        ({"anneal_steps": -1}, ["--anneal-steps", "must not be negative"]),
+        ({"schedule_steps": 0}, ["--schedule-steps", "must be positive"]),
         # The value function would never be trained; tiny sizes so that code which accepted it
         # fails this test quickly instead of training 50k steps.
         (
@@ -827,8 +827,8 @@ def refused(tmp_path, **kwargs) -> str:
         ({"aux_learning_rate": -1.0}, ["--aux-learning-rate", "must be positive"]),
         ({"adam_eps": 0.0}, ["--adam-eps", "must be positive"]),
         (
-            {"total_steps": 60_000, "anneal_steps": 50_000},
-            ["--total-steps 60000 runs past the learning-rate schedule", "--anneal-steps 60000"],
+            {"total_steps": 60_000, "schedule_steps": 50_000},
+            ["--total-steps 60000 runs past the learning-rate schedule", "--schedule-steps 60000"],
         ),
         ({"eval_only": True}, ["--checkpoint"]),
         ({"resume": "/nonexistent/latest.pt"}, ["does not exist"]),
@@ -871,7 +871,7 @@ def test_incompatible_checkpoints_are_refused(tmp_path):
             "env_id": "CartPole-v1",
             "args": ppg.asdict(ppg.Args()),
             "global_step": 4096,
-            "anneal_steps": 50_000,
+            "schedule_steps": 50_000,
         },
         mine,
     )
