@@ -406,8 +406,8 @@ def train(args: Args) -> None:
         return checkpoint_state(parts, updates, horizon, rng)
 
     run_dir = run_dir_for(args, args.resume)
-    config = dict(resumed=bool(args.resume), exploration_steps=horizon, protocol=protocol)
-    with RunLogger(args, run_dir, global_step, args.total_steps, **config) as log:
+    config, resumed = dict(exploration_steps=horizon, protocol=protocol), args.resume is not None
+    with RunLogger(args, run_dir, global_step, args.total_steps, resumed, **config) as log:
         # a resume restarts the games (detail 10)
         obs, info = envs.reset(seed=args.seed + global_step)
         lives, forced = info["lives"].copy(), np.zeros(n, bool)
@@ -474,6 +474,7 @@ def check_args(args: Args) -> None:
 
 def checkpoint_state(parts: dict, updates: int, horizon: float, rng) -> dict:
     state = {key: part.state_dict() for key, part in parts.items()}
+    # the key keeps its older name, so that checkpoints written before still load in --eval-only
     n_actions = parts["q_network"].net[-1].out_features
     state |= {"updates": updates, "exploration_steps": horizon, "n_actions": n_actions}
     return state | {"rng": rng_state(torch=torch.default_generator, numpy=rng)}

@@ -393,8 +393,8 @@ def train(args: Args) -> None:
 
     prior_size = offline.size if offline else 0
     extra = dict(target_entropy=hyper["target_entropy"], offline_transitions=prior_size)
-    run_dir, stop = run_dir_for(args, args.resume), stop_signal()
-    with RunLogger(args, run_dir, global_step, args.total_steps, args.resume, **extra) as log:
+    run_dir, stop, resumed = run_dir_for(args, args.resume), stop_signal(), bool(args.resume)
+    with RunLogger(args, run_dir, global_step, args.total_steps, resumed, **extra) as log:
         while pretrain_done < args.pretrain_steps and not stop:  # detail 7
             losses = update(agent, optimizers, sample(offline_ratio=1.0), **hyper)
             pretrain_done, num_updates = pretrain_done + 1, num_updates + args.utd_ratio
