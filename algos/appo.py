@@ -822,6 +822,13 @@ def seed_and_pick_device(args) -> torch.device:
     return torch.device("cuda" if cuda else "cpu")
 
 
+def compiled(fn, args, device: torch.device):
+    """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
+    if not args.compile:
+        return fn
+    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default")
+
+
 def rng_state(**generators) -> dict:
     """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
     state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
@@ -947,6 +954,7 @@ class RunLogger:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
         self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
+        self.bad_step = torch.tensor(-1)  # the first step with a non-finite loss
 
     def __enter__(self) -> RunLogger:
         return self
@@ -970,7 +978,14 @@ class RunLogger:
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
-        if not torch.isfinite(value).all():
+        """Stop at a non-finite loss: on the CPU at once; a GPU's flag is read as progress prints."""
+        bad = ~torch.isfinite(value).all()
+        self.bad_step = torch.where(bad & (self.bad_step < 0), step, self.bad_step)
+        if value.device.type == "cpu":
+            self.stop_if_bad()
+
+    def stop_if_bad(self) -> None:
+        if (step := int(self.bad_step)) >= 0:  # on a GPU this waits for the device
             raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
     def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
@@ -991,6 +1006,7 @@ class RunLogger:
         if every(step, previous, self.args.checkpoint_interval) and not stop:
             self.save(step, state())  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
+            self.stop_if_bad()
             self.last_print, sps = time.time(), self.sps(step)
             ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
@@ -998,6 +1014,7 @@ class RunLogger:
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
     def save(self, step: int, state: dict) -> None:
+        self.stop_if_bad()  # no checkpoint of non-finite weights
         meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
         write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
 
