@@ -52,10 +52,12 @@ Implementation details:
    An actor whose learner is gone exits. The stop and ready flags are shared tensors, not locks
    or events, which a killed actor could leave held.
 5. V-trace runs once per batch, before the epochs (as PPO's GAE), with the learner's current pi
-   and V; then update_epochs passes of shuffled minibatches. Advantages are normalised over the
-   batch when it has two valid rows or more (one row has no std); a rollout without a valid row
-   (possible only for tiny num_envs x num_steps) trains nothing and counts as dropped.
-   --target-kl stops the epochs once the approximate KL(mu || pi) of the last minibatch exceeds it.
+   and V; then update_epochs passes of minibatches of num_envs x num_steps / num_minibatches rows:
+   the valid rows shuffled, the last minibatch that holds some padded with invalid rows of weight
+   0 (fixed shapes for --compile). Advantages are normalised over the valid rows when there are
+   two or more (one row has no std); a rollout without a valid row (possible only for tiny
+   num_envs x num_steps) trains nothing and counts as dropped. --target-kl stops the epochs once
+   the approximate KL(mu || pi) of the last minibatch exceeds it (a wait for the device).
 6. Gymnasium's NEXT_STEP autoreset: the step after an episode end only resets that env. Its row
    is left out of every loss and statistic (`valid`), and its observation, the real final
    observation of the ended episode, gives V(x_{s+1}) for the truncation bootstrap.
@@ -70,9 +72,18 @@ Implementation details:
 10. Cost: with one actor the learner is the bottleneck, and for layers this small each torch op
     costs microseconds of Python and dispatch whatever its size. So the per-step work is kept to
     few ops, with the same numbers: fused Adam, log_softmax and gather instead of
-    torch.distributions, the entropy differentiated only when --ent-coef > 0, minibatches cut
-    from one permutation per epoch, clip_grad_norm_'s math in two foreach ops, V-trace with one
-    op per step over all envs, numpy writes into the rollout buffers.
+    torch.distributions, the entropy differentiated only when --ent-coef > 0, all epochs'
+    minibatches gathered at once, clip_grad_norm_'s math in two foreach ops, V-trace with one op
+    per step over all envs, numpy writes into the rollout buffers. On a GPU the learner waits for
+    the device only for the actions (one copy per step), the weights' publication and the logged
+    losses (one read per update): observations go through pinned copies, the learning rate is a
+    tensor set in place.
+11. --compile compiles the learner's minibatch step (forward, loss, backward and clipping; Dynamo
+    leaves the fused Adam step, one kernel, as it is) and the batch preparation with V-trace;
+    actors act eagerly on the CPU with one thread. Off by default: not yet measured to win on a GPU.
+12. --norm-values (Sample Factory's normalize_returns): the critic learns v_s standardised by the
+    running mean and std of every v_s so far (kept with the weights); V-trace reads V in the
+    return's units. It keeps the value loss on one scale whatever the task's rewards.
 
 Deviations (d and e measured in results/appo-measurements.md):
 a. The surrogate's ratio is taken against mu, as Sample Factory does; RLlib's APPO takes it
@@ -81,9 +92,9 @@ b. The learner trains on one rollout at a time (num_envs x num_steps from one ac
    modes compare at equal batch settings; IMPALA and RLlib batch several actors.
 c. No clamp of the raw ratio to [0.05, 20] before V-trace (Sample Factory): rho_bar and c_bar
    bound it above and the clipped surrogate bounds the step.
-d. Defaults for CartPole-v1 in 150k steps: 8 envs x 64 steps, 4 epochs of 4 minibatches, lr 1e-3
-   annealed, and RL Zoo's tuned CartPole PPO values gamma 0.98, lambda 0.8, no entropy bonus
-   (with gamma 0.99 and lambda 0.95 the greedy return fell back from 500 before 150k).
+d. Defaults: RL Zoo's PPO LunarLander values (16 envs x 128 steps, 32 minibatches, gamma 0.999,
+   lambda 0.98, entropy 0.01, lr 5e-4 here annealed) with detail 12; one set for CartPole,
+   LunarLander and Acrobot. CartPole-only values (gamma 0.98, lambda 0.8) failed LunarLander.
 e. The gradient norm is clipped for the policy and the value network apart (CleanRL clips them
    jointly): on LunarLander, without reward scaling, the value gradient dominates a joint norm
    and shrinks the policy's steps.
@@ -93,19 +104,16 @@ Usage: python algos/appo.py --env-id CartPole-v1 --total-steps 150000 --num-acto
 
 from __future__ import annotations
 
-import os
-
-# before torch loads: idle OpenMP threads sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import importlib.util
 import json
+import os
 import queue
 import random
 import signal
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -120,7 +128,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 # CleanRL ppo.py
 MAX_GRAD_NORM = 0.5
-LOSS_TAGS = ["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"]
+# what an update logs, read from the device at once
+TAGS = [f"losses/{k}" for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")]
+TAGS += ["charts/importance_ratio"]
 
 
 @dataclass
@@ -131,12 +141,14 @@ class Args:
     """random seed"""
     total_steps: int = 150_000
     """environment steps (all envs and actors)"""
-    num_envs: int = 8
+    num_envs: int = 16
     """environments per vector env (the learner's or each actor's)"""
     torch_deterministic: bool = True
     """deterministic torch kernels"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """the learner's device; actors act on the CPU"""
+    compile: bool = False
+    """torch.compile the learner's updates (CUDA graphs on a GPU)"""
     exp_name: str = "appo"
     """experiment name (in the default run directory)"""
     run_dir: str | None = None
@@ -160,7 +172,7 @@ class Args:
     wandb_project_name: str = "rl-training"
     """Weights & Biases project"""
     # Algorithm-specific
-    num_steps: int = 64
+    num_steps: int = 128
     """steps per env in a rollout"""
     num_actors: int = 0
     """actor processes (0: synchronous mode)"""
@@ -174,11 +186,11 @@ class Args:
     """truncation of pi/mu in the traces"""
     pg_rho_bar: float = 1.0
     """truncation of pi/mu in the advantages"""
-    gamma: float = 0.98
+    gamma: float = 0.999
     """discount factor"""
-    lam: float = 0.8
+    lam: float = 0.98
     """lambda of the traces (and of GAE)"""
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-4
     """Adam learning rate"""
     anneal_lr: bool = True
     """anneal the learning rate to 0 at --schedule-steps"""
@@ -186,14 +198,16 @@ class Args:
     """default: the first run's --total-steps"""
     update_epochs: int = 4
     """passes over each batch"""
-    num_minibatches: int = 4
+    num_minibatches: int = 32
     """minibatches per pass"""
     clip_coef: float = 0.2
     """PPO's clip epsilon of pi/mu"""
-    ent_coef: float = 0.0
+    ent_coef: float = 0.01
     """entropy bonus c_ent"""
     vf_coef: float = 0.5
     """value loss weight c_v"""
+    norm_values: bool = True
+    """the critic learns v_s standardised by their running mean and std (detail 12)"""
     target_kl: float | None = None
     """stop the epochs past this approximate KL"""
     hidden_dim: int = 64
@@ -265,10 +279,15 @@ class Agent(nn.Module):
         super().__init__()
         self.actor = mlp(obs_dim, hidden_dim, num_actions, 0.01)
         self.critic = mlp(obs_dim, hidden_dim, 1, 1.0)
+        # (count, mean, var) of the value targets v_s so far; (0, 0, 1) leaves V as it is
+        self.register_buffer("moments", torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Policy logits and V(x)."""
+        """Policy logits and the critic's output, V(x) standardised by `moments`."""
         return self.actor(x), self.critic(x).squeeze(-1)
+
+    def scale(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.moments[1].float(), (self.moments[2] + 1e-8).sqrt().float()
 
 
 # ---------------------------------------------------------------- APPO math
@@ -312,33 +331,45 @@ def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: floa
     return advantages[:-1]
 
 
-def appo_loss(logits, value, actions, logp_mu, advantages, v_s, clip_coef, ent_coef, vf_coef):
-    """PPO's clipped surrogate with the ratio pi/mu, the value loss to v_s and the entropy bonus.
-    Returns the loss and [policy loss, value loss, entropy, approx KL, clip fraction]."""
+def appo_loss(logits, value, actions, logp_mu, advantages, v_s, w, clip_coef, ent_coef, vf_coef):
+    # PPO's clipped surrogate with the ratio pi/mu, the value loss to v_s and the entropy bonus, as
+    # means with the rows' weights w (summing to 1). Returns the loss and [policy loss, value loss,
+    # entropy, approx KL, clip fraction].
     # log_softmax and gather, not torch.distributions: the same numbers in fewer ops
     log_pi = logits.log_softmax(-1)
     log_ratio = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - logp_mu
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1 - clip_coef, 1 + clip_coef)
-    policy_loss = -torch.min(ratio * advantages, clipped * advantages).mean()
-    value_loss = 0.5 * (value - v_s).pow(2).mean()
+    policy_loss = -torch.min(ratio * advantages, clipped * advantages) @ w
+    value_loss = 0.5 * (value - v_s).pow(2) @ w
     # logged always, differentiated only when it is used
     with torch.set_grad_enabled(torch.is_grad_enabled() and ent_coef > 0):
-        entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
+        entropy = -(log_pi.exp() * log_pi).sum(-1) @ w
     with torch.no_grad():
         # KL(mu || pi) estimate k3 (Schulman's blog), as CleanRL
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
+        approx_kl = ((ratio - 1) - log_ratio) @ w
+        clipfrac = ((ratio - 1).abs() > clip_coef).float() @ w
     stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
     return policy_loss + vf_coef * value_loss - ent_coef * entropy, stats
 
 
+def merge_moments(moments, x, w) -> torch.Tensor:
+    # (count, mean, var) of the rows of x where w = 1 merged into `moments` (Chan et al.)
+    n, mean = w.sum(), (x * w).sum() / w.sum()
+    count, m, v = moments
+    total, delta = count + n, mean - m
+    var = (v * count + ((x - mean) ** 2 * w).sum() + delta**2 * count * n / total) / total
+    return torch.stack([total, m + delta * n / total, var])
+
+
 def prepare_batch(agent: Agent, rollout: dict, args: Args) -> tuple[dict, torch.Tensor]:
-    """Targets and advantages with the learner's current pi and V (detail 5), then the valid rows
-    flat (detail 6). Returns the batch and the mean importance ratio pi/mu."""
+    # targets and advantages with the learner's current pi and V (detail 5), the T x N rows flat
+    # with their `valid` mask (detail 6); the batch and the mean importance ratio pi/mu
     with torch.no_grad():
         # T + 1 rows: the last is x_T
         logits, values = agent(rollout["obs"])
+        mean, std = agent.scale()
+        values = values * std + mean
         log_pi = logits[:-1].log_softmax(-1).gather(-1, rollout["actions"].unsqueeze(-1))
         log_rho = log_pi.squeeze(-1) - rollout["logprobs"]
         steps = dict(rewards=rollout["rewards"], values=values[:-1], next_values=values[1:])
@@ -349,42 +380,65 @@ def prepare_batch(agent: Agent, rollout: dict, args: Args) -> tuple[dict, torch.
         else:
             advantages = gae(**steps, lam=args.lam)
             v_s = advantages + values[:-1]
-    valid = rollout["valid"]
-    advantages = advantages[valid]
-    if len(advantages) > 1:
-        # the std of one row is NaN
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    batch = {"obs": rollout["obs"][:-1][valid], "actions": rollout["actions"][valid]}
-    batch |= {"logp_mu": rollout["logprobs"][valid], "advantages": advantages, "v_s": v_s[valid]}
-    return batch, log_rho[valid].exp().mean()
+        valid = rollout["valid"].float()
+        if args.norm_values:
+            # the critic's targets, standardised by the moments of every v_s so far (detail 12)
+            agent.moments.copy_(merge_moments(agent.moments, v_s.double(), valid.double()))
+            mean, std = agent.scale()
+            v_s = (v_s - mean) / std
+        # normalised over the valid rows if there are two or more (one row has no std)
+        n = valid.sum()
+        mean = (advantages * valid).sum() / n
+        std = ((advantages - mean).pow(2) * valid).sum().div(n - 1).sqrt()
+        advantages = torch.where(n > 1, (advantages - mean) / (std + 1e-8), advantages)
+    batch = dict(obs=rollout["obs"][:-1], actions=rollout["actions"], logp_mu=rollout["logprobs"])
+    batch |= dict(advantages=advantages, v_s=v_s, valid=valid)
+    return {k: x.flatten(0, 1) for k, x in batch.items()}, (log_rho.exp() * valid).sum() / n
 
 
-def update(agent: Agent, optimizer, batch: dict, args: Args) -> torch.Tensor:
-    """update_epochs passes of shuffled minibatches; the last minibatch's statistics."""
-    n, keys = len(batch["actions"]), ("obs", "actions", "logp_mu", "advantages", "v_s")
-    nets = [list(net.parameters()) for net in (agent.actor, agent.critic)]
-    for _ in range(args.update_epochs):
-        # one permutation cut into views: randperm(n).tensor_split's minibatches in fewer ops
-        perm = torch.randperm(n, device=batch["actions"].device)
-        minibatches = [batch[k][perm].tensor_split(min(args.num_minibatches, n)) for k in keys]
-        for obs, actions, logp_mu, advantages, v_s in zip(*minibatches):
-            logits, value = agent(obs)
-            coefs = dict(clip_coef=args.clip_coef, ent_coef=args.ent_coef, vf_coef=args.vf_coef)
-            loss, stats = appo_loss(logits, value, actions, logp_mu, advantages, v_s, **coefs)
-            optimizer.zero_grad()
-            loss.backward()
-            # each network apart (deviation e): clip_grad_norm_'s math in two foreach ops
-            for params in nets:
-                grads = [p.grad for p in params]
-                norm = torch.stack(torch._foreach_norm(grads)).norm()
-                torch._foreach_mul_(grads, (MAX_GRAD_NORM / (norm + 1e-6)).clamp(max=1.0))
-            optimizer.step()
+def learn_step(agent: Agent, optimizer, args: Args, obs, actions, logp_mu, advantages, v_s, valid):
+    # one minibatch: the loss (a mean over its valid rows), each network's gradient norm clipped
+    # apart (deviation e) and an Adam step; its statistics (detail 11)
+    logits, value = agent(obs)
+    coefs = dict(clip_coef=args.clip_coef, ent_coef=args.ent_coef, vf_coef=args.vf_coef)
+    w = valid / valid.sum()
+    loss, stats = appo_loss(logits, value, actions, logp_mu, advantages, v_s, w, **coefs)
+    optimizer.zero_grad()
+    loss.backward()
+    for net in (agent.actor, agent.critic):
+        # clip_grad_norm_'s math in two foreach ops
+        grads = [p.grad for p in net.parameters()]
+        norm = torch.stack(torch._foreach_norm(grads)).norm()
+        torch._foreach_mul_(grads, (MAX_GRAD_NORM / (norm + 1e-6)).clamp(max=1.0))
+    optimizer.step()
+    return stats
+
+
+def update(step, batch: dict, n: int, args: Args) -> torch.Tensor:
+    # update_epochs passes of `step` over the batch's n valid rows, shuffled and cut into
+    # minibatches of len(batch) / num_minibatches rows (detail 5); the last one's statistics
+    valid = batch["valid"]
+    mb = len(valid) // args.num_minibatches
+    # the valid rows first, in random order (the last minibatch of them padded with invalid ones:
+    # fixed shapes); every epoch's gathered before a compiled step runs, which with CUDA graphs
+    # overwrites the compiled prepare_batch's outputs
+    perm = (torch.rand(args.update_epochs, len(valid), device=valid.device) - valid).argsort()
+    minibatches = {k: x[perm].unflatten(1, (-1, mb)) for k, x in batch.items()}
+    for epoch in range(args.update_epochs):
+        for i in range(-(-n // mb)):
+            stats = step(**{k: x[epoch, i] for k, x in minibatches.items()})
         if args.target_kl is not None and stats[3] > args.target_kl:
             break
     return stats
 
 
 # ---------------------------------------------------------------- rollouts
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # on CUDA a pinned copy, sent without waiting; the caching host allocator keeps it until the
+    # transfer is done, so x may be refilled at once
+    return x.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else x
+
+
 def new_rollout(num_steps: int, num_envs: int, obs_dim: int) -> dict[str, torch.Tensor]:
     """Preallocated rollout storage; obs has num_steps + 1 rows, the last being x_T."""
     T, N = num_steps, num_envs
@@ -409,10 +463,11 @@ class Collector:
         buf = {k: v.numpy() for k, v in rollout.items()}
         for t in range(len(buf["actions"])):
             buf["obs"][t], buf["valid"][t] = self.next_obs, ~self.autoreset
-            log_pi = policy(rollout["obs"][t].to(device)).log_softmax(-1)
+            log_pi = policy(to_device(rollout["obs"][t], device)).log_softmax(-1)
             actions = torch.multinomial(log_pi.exp(), 1)
-            buf["actions"][t] = actions.squeeze(-1).cpu()
-            buf["logprobs"][t] = log_pi.gather(-1, actions).squeeze(-1).cpu()
+            # one copy to the CPU, the step's only wait for the device
+            sample = torch.cat([log_pi.gather(-1, actions), actions], 1).cpu()
+            buf["logprobs"][t], buf["actions"][t] = sample.T.numpy()
             self.next_obs, reward, terminated, truncated, _ = self.envs.step(buf["actions"][t])
             self.autoreset = terminated | truncated
             buf["rewards"][t], buf["terminated"][t] = reward, terminated
@@ -443,9 +498,13 @@ def train(args: Args) -> None:
     device = seed_and_pick_device(args)
     obs_dim, num_actions = check_env(args.env_id)
     agent = Agent(obs_dim, num_actions, args.hidden_dim).to(device)
-    # fused: one kernel per step, not a loop of ops
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # fused: one kernel per step; a tensor lr: the anneal sets it in place, compiled steps keep it
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5, fused=True
+    )
     start = restore(args, agent, optimizer)
+    step = compiled(partial(learn_step, agent, optimizer, args), args, device)
+    prepare = compiled(prepare_batch, args, device)
     global_step, version, dropped = start["global_step"], start["version"], start["dropped"]
     batch_size, horizon, lags = args.num_envs * args.num_steps, start["schedule_steps"], []
     stop = stop_signal()
@@ -468,25 +527,26 @@ def train(args: Args) -> None:
                 # a signal while waiting for the actors
                 break
             rollout, rollout_version, episodes = got
-            lr = args.learning_rate
-            if args.anneal_lr:
-                lr = args.learning_rate * (1.0 - global_step / horizon)
+            lr = args.learning_rate * (1.0 - global_step / horizon if args.anneal_lr else 1.0)
             global_step += batch_size
             for ep_return, ep_length in episodes:
                 log.episode(global_step, ep_return, ep_length)
             lags.append(version - rollout_version)
-            if lags[-1] <= args.max_policy_lag and rollout["valid"].any():
-                optimizer.param_groups[0]["lr"] = lr
-                rollout = {k: v.to(device) for k, v in rollout.items()}
-                batch, ratio = prepare_batch(agent, rollout, args)
-                stats = update(agent, optimizer, batch, args)
+            if lags[-1] <= args.max_policy_lag and (n := int(rollout["valid"].sum())):
+                optimizer.param_groups[0]["lr"].fill_(lr)
+                rollout = {k: to_device(v, device) for k, v in rollout.items()}
+                batch, ratio = prepare(agent, rollout, args)
+                # CUDA graphs overwrite a compiled function's outputs at the next compiled call
+                ratio = ratio.clone()
+                stats = update(step, batch, n, args)
                 # before publishing: actors get finite weights
                 log.check_finite(stats, global_step)
                 version += 1
                 source.publish(agent, version)
-                losses = {f"losses/{k}": v for k, v in zip(LOSS_TAGS, stats.tolist())}
-                charts = {"charts/learning_rate": lr, "charts/importance_ratio": ratio}
-                log.scalars(global_step, losses | charts)
+                # one read per update: the next action, or the weights' publication, waits for the
+                # update anyway
+                values = dict(zip(TAGS, torch.cat([stats, ratio[None]]).tolist()))
+                log.scalars(global_step, values | {"charts/learning_rate": lr})
             else:
                 # too old, or no valid row (detail 5)
                 dropped += 1
@@ -703,11 +763,11 @@ class Actors:
 
 # ---------------------------------------------------------------- plumbing
 def check_args(args: Args) -> None:
-    batch = args.num_envs * args.num_steps
+    batch, mb = args.num_envs * args.num_steps, args.num_minibatches
     sizes = min(args.num_envs, args.num_steps, args.update_epochs, args.hidden_dim)
     rows = [
         (sizes >= 1, "--num-envs, --num-steps, --update-epochs and --hidden-dim must be >= 1"),
-        (1 <= args.num_minibatches <= batch, f"--num-minibatches must be in [1, {batch}]"),
+        (mb > 0 and batch % mb == 0, f"--num-minibatches must divide the rollout's {batch} steps"),
         (args.num_actors >= 0, "--num-actors must be >= 0 (0: synchronous mode)"),
         (args.max_policy_lag >= 0, "--max-policy-lag must be >= 0"),
         (0 < args.c_bar <= args.rho_bar, "need 0 < c-bar <= rho-bar (paper, Section 4.1)"),
@@ -736,8 +796,10 @@ def restore(args: Args, agent: Agent, optimizer) -> dict:
     start = {"global_step": 0, "version": 0, "dropped": 0, "source": {}}
     start["schedule_steps"] = args.total_steps
     if args.resume is not None:
-        start = resume_checkpoint(args, same=("hidden_dim", "num_envs"))
+        start = resume_checkpoint(args, same=("hidden_dim", "num_envs", "norm_values"))
         agent.load_state_dict(start["agent"])
+        # the run's lr tensor on its device, not the checkpoint's (read on the CPU; older: a float)
+        start["optimizer"]["param_groups"][0]["lr"] = optimizer.param_groups[0]["lr"]
         optimizer.load_state_dict(start["optimizer"])
         set_rng_state(start["rng"], torch=torch.default_generator)
         # a checkpoint from before --schedule-steps annealed to its own --total-steps
@@ -776,7 +838,8 @@ def eval_only(args: Args) -> None:
     # --checkpoint's own env, network and seed: it repeats the run's final evaluation
     ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
     agent = Agent(*check_env(ckpt["env_id"]), ckpt["args"]["hidden_dim"]).to(device)
-    agent.load_state_dict(ckpt["agent"])
+    # older checkpoints have no moments, which acting does not use
+    agent.load_state_dict({"moments": agent.moments} | ckpt["agent"])
     video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
     seed = ckpt["args"]["seed"]
     result = evaluate(agent, ckpt["env_id"], args.eval_episodes, seed, device, video_dir)

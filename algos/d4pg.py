@@ -61,6 +61,9 @@ Implementation details:
     when the discounted return of an observed episode leaves [v_min, v_max].
 11. Evaluation: the deterministic actor without noise, on a separate env, episode i seeded
     `seed + 10_000 + i`.
+12. `--compile` runs `update` (both steps with their optimizer steps, the projection, the target
+    update) through torch.compile, as CUDA graphs on a GPU. Off by default: it has not yet been
+    measured to win on a GPU.
 Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pendulum budget;
 the runs behind a, d, f and h are in results/d4pg-measurements.md):
  a. Adam 3e-4 for the actor and 1e-3 for the critic (Acme 1e-4 for both, set for runs of
@@ -91,14 +94,10 @@ Usage: python algos/d4pg.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 
 from __future__ import annotations
 
-import os
-
-# before torch loads: idle OpenMP threads sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import copy
 import importlib.util
 import json
+import os
 import random
 import signal
 import sys
@@ -131,6 +130,8 @@ class Args:
     """use deterministic torch algorithms"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto picks cuda when available"""
+    compile: bool = False
+    """torch.compile the updates (CUDA graphs on a GPU)"""
     exp_name: str = "d4pg"
     """experiment name, part of the default run dir"""
     run_dir: str | None = None
@@ -343,8 +344,9 @@ class ReplayBuffer:
     def __init__(self, capacity: int, obs_dim: int, act_dim: int, prioritized: bool, alpha: float):
         self.capacity, self.alpha, self.max_priority = capacity, alpha, 1.0
         self.pos = self.size = 0
-        shapes = {"obs": (obs_dim,), "actions": (act_dim,), "returns": (), "discounts": ()}
-        shapes["next_obs"] = (obs_dim,)
+        shapes = dict(
+            obs=(obs_dim,), actions=(act_dim,), returns=(), discounts=(), next_obs=(obs_dim,)
+        )
         self.data = {k: np.zeros((capacity, *shape), np.float32) for k, shape in shapes.items()}
         self.tree = SumTree(capacity) if prioritized else None
 
@@ -366,12 +368,15 @@ class ReplayBuffer:
             idx, P = self.tree.sample(batch_size, rng)
             weights = (self.size * P) ** -beta
             weights = (weights / weights.max()).astype(np.float32)
-        batch = {k: torch.from_numpy(v[idx]).to(device) for k, v in self.data.items()}
-        return idx, batch, torch.from_numpy(weights).to(device)
+        batch = {k: to_device(v[idx], device) for k, v in self.data.items()}
+        return idx, batch, to_device(weights, device)
 
-    def update_priorities(self, idx: np.ndarray, priorities: np.ndarray) -> None:
-        # never zero: every transition stays reachable
-        p = np.abs(priorities) + 1e-6
+    def update_priorities(self, idx: np.ndarray, priorities: torch.Tensor) -> None:
+        if self.tree is None:
+            return
+        # the sum tree lives on the host: a copy and a sync, with --prioritized only; never zero,
+        # so that every transition stays reachable
+        p = priorities.abs().cpu().numpy() + 1e-6
         self.tree.update(idx, p**self.alpha)
         self.max_priority = max(self.max_priority, float(p.max()))
 
@@ -398,7 +403,7 @@ def critic_loss(critic, critic_target, actor_target, b: dict, z, weights):
         target = categorical_projection(b["returns"], b["discounts"], p_next, z)
     cross_entropy = -(target * critic(b["obs"], b["actions"]).log_softmax(-1)).sum(-1)
     # priority KL(Phi Y || p) = cross-entropy - entropy(Phi Y) (detail 7)
-    kl = cross_entropy.detach() + (target * target.clamp(min=1e-12).log()).sum(-1)
+    kl = cross_entropy.detach() + torch.xlogy(target, target).sum(-1)
     return (weights * cross_entropy).mean(), kl
 
 
@@ -414,8 +419,8 @@ def actor_loss(actor, critic, obs, z, dqda_clip: float):
     return -q, q.detach()
 
 
-def gradient_step(optimizer, loss: torch.Tensor, net: nn.Module, max_grad_norm: float) -> None:
-    optimizer.zero_grad(set_to_none=True)
+def gradient_step(optimizer, loss, net, max_grad_norm) -> None:
+    optimizer.zero_grad()
     loss.backward()
     # Acme's global-norm clip (deviation d)
     if max_grad_norm > 0:
@@ -434,12 +439,11 @@ def update(
     loss_a, q = actor_loss(actor, critic, b["obs"], z, args.dqda_clip)
     gradient_step(actor_optim, loss_a, actor, args.max_grad_norm)
     critic.requires_grad_(True)
-    with torch.no_grad():
-        for net, target in ((actor, actor_target), (critic, critic_target)):
-            for p, p_target in zip(net.parameters(), target.parameters()):
-                p_target.lerp_(p, args.tau)
-    metrics = {"losses/critic_loss": loss_c.detach(), "losses/actor_loss": loss_a.detach()}
-    return {**metrics, "losses/q_values": q}, priorities
+    with torch.no_grad():  # one fused Polyak update of both targets
+        targets = [*actor_target.parameters(), *critic_target.parameters()]
+        torch._foreach_lerp_(targets, [*actor.parameters(), *critic.parameters()], args.tau)
+    metrics = {"losses/critic_loss": loss_c.detach(), "losses/actor_loss": -q}
+    return metrics | {"losses/q_values": q}, priorities
 
 
 # ---------------------------------------------------------------- training
@@ -447,8 +451,7 @@ def train(args: Args) -> None:
     check_args(args)
     if args.eval_only:
         return eval_only(args)
-    device = seed_and_pick_device(args)
-    rng = np.random.default_rng(args.seed)  # noise, random actions, replay and PER sampling
+    device, rng = seed_and_pick_device(args), np.random.default_rng(args.seed)  # rng: detail 9
     ckpt = resume_checkpoint(args, SAME) if args.resume else None
     global_step = ckpt["global_step"] if ckpt else 0
     envs, obs = make_envs(args.env_id, args.num_envs, args.seed + global_step)
@@ -458,8 +461,8 @@ def train(args: Args) -> None:
     critic = Critic(obs_dim, act_dim, args.hidden_dim, args.num_atoms).to(device)
     nets = {"actor": actor, "critic": critic}
     nets |= {f"{name}_target": copy.deepcopy(net) for name, net in nets.items()}
-    nets["actor_optim"] = torch.optim.Adam(actor.parameters(), lr=args.actor_lr)
-    nets["critic_optim"] = torch.optim.Adam(critic.parameters(), lr=args.critic_lr)
+    for name, lr in (("actor", args.actor_lr), ("critic", args.critic_lr)):
+        nets[f"{name}_optim"] = torch.optim.Adam(nets[name].parameters(), lr=lr, fused=True)
     z = torch.linspace(args.v_min, args.v_max, args.num_atoms, device=device)  # the atoms z_i
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.prioritized, args.per_alpha)
     windows = NStepWindows(args.num_envs, args.n_step, args.gamma, obs_dim, act_dim)
@@ -471,13 +474,13 @@ def train(args: Args) -> None:
     def state() -> dict:
         return checkpoint_state(nets, buffer, windows, obs, rng, num_updates, updates_due, horizon)
 
-    config = {"resolved_device": str(device)}
+    config, learn = {"resolved_device": str(device)}, compiled(update, args, device)
     with RunLogger(args, run_dir, global_step, args.total_steps, ckpt is not None, **config) as log:
         ep_return, ep_length, ep_discounted = np.zeros((3, args.num_envs))
         discount, metrics, warned = np.ones(args.num_envs), {}, False
         while global_step < args.total_steps and not stop:
             with torch.inference_mode():
-                mu = actor(torch.from_numpy(obs).to(device)).cpu().numpy()
+                mu = actor(to_device(obs, device)).cpu().numpy()
             if global_step < args.learning_starts:  # deviation e
                 actions = rng.uniform(-1.0, 1.0, mu.shape).astype(np.float32)
             else:  # detail 6
@@ -502,10 +505,11 @@ def train(args: Args) -> None:
             while updates_due >= 1:
                 updates_due, num_updates = updates_due - 1, num_updates + 1
                 idx, batch, weights = buffer.sample(args.batch_size, beta, rng, device)
-                metrics, priorities = update(**nets, b=batch, weights=weights, z=z, args=args)
+                if args.compile:  # CUDA graphs: the last update's outputs are read by now
+                    torch.compiler.cudagraph_mark_step_begin()
+                metrics, priorities = learn(**nets, b=batch, weights=weights, z=z, args=args)
                 log.check_finite(torch.stack([*metrics.values()]), global_step)
-                if buffer.tree is not None:
-                    buffer.update_priorities(idx, priorities.cpu().numpy())
+                buffer.update_priorities(idx, priorities)
             if every(global_step, prev_step, 200) or global_step >= args.total_steps or stop:
                 charts = {"SPS": log.sps(global_step), "num_updates": num_updates}
                 charts |= {"learning_rate": args.critic_lr, "actor_learning_rate": args.actor_lr}
@@ -570,6 +574,13 @@ def restore(ckpt, args, nets, buffer, windows, rng) -> tuple[int, float, int]:
     return ckpt["num_updates"], ckpt["updates_due"], ckpt["beta_horizon"]
 
 
+def to_device(x, device):
+    # Through pinned memory on a GPU, so that the copy does not block the host; the caching host
+    # allocator keeps the pinned block until the copy is done.
+    x = torch.from_numpy(x)
+    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)
+
+
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     # One env (evaluation, video); an unknown id or an unsupported space stops with one line.
     if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py"):
@@ -604,7 +615,7 @@ def evaluate(actor, env_id: str, episodes: int, seed: int, device, video_dir=Non
         returns.append(0.0)
         while not done:
             with torch.inference_mode():
-                action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+                action = actor(to_device(obs[None].astype(np.float32), device))
             action = scale_action(action[0].cpu().numpy(), low, high)
             obs, reward, terminated, truncated, _ = env.step(action)
             returns[-1], done = returns[-1] + float(reward), terminated or truncated

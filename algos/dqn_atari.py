@@ -67,19 +67,18 @@ Implementation details:
 11. H = exploration_fraction * T is fixed by the first run's --total-steps T: extending a run
     continues at end_e instead of exploring again and refilling the replay with random play.
     H is a length of exploration, as in Nature (1M frames whatever the run's length).
+12. --compile runs the TD update (forward, loss, backward, Adam step) and the acting forward
+    through torch.compile (CUDA graphs on a GPU); evaluation stays eager. Off by default: it has
+    not yet been measured to win on a GPU.
 
 Usage: python algos/dqn_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 10000000
 """
 
 from __future__ import annotations
 
-import os
-
-# before torch loads: idle OpenMP threads sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import importlib.util
 import json
+import os
 import random
 import signal
 import time
@@ -116,6 +115,8 @@ class Args:
     """deterministic torch algorithms"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: cuda if available"""
+    compile: bool = False
+    """torch.compile the update and acting (CUDA graphs on a GPU)"""
     exp_name: str = "dqn_atari"
     """experiment name"""
     run_dir: str | None = None
@@ -236,9 +237,9 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # channels_last while still uint8 (4x less to move); out of place, so a float input is
-        # not scaled in place
-        return self.net(x.contiguous(memory_format=torch.channels_last).float() / 255.0)
+        # channels_last while still uint8 (4x less to move); uint8 / float is float32 in one pass,
+        # out of place, so a float input is not scaled in place
+        return self.net(x.contiguous(memory_format=torch.channels_last) / 255.0)
 
 
 # ---------------------------------------------------------------- algorithm
@@ -246,14 +247,23 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(end_e, start_e + (end_e - start_e) * t / duration)
 
 
+# y = r + gamma (1 - d) max_a' Q(s', a'; theta^-)  (Nature, Algorithm 1)
 def td_target(r: torch.Tensor, d: torch.Tensor, q_next_target: torch.Tensor, gamma: float):
-    """y = r + gamma (1 - d) max_a' Q(s', a'; theta^-)  (Nature, Algorithm 1)."""
     return r + gamma * (1.0 - d) * q_next_target.max(dim=1).values
 
 
+# theta^- <- theta^- + tau (theta - theta^-), one op for all tensors (tau = 1: exactly theta)
+@torch.no_grad()
 def update_target(target: nn.Module, online: nn.Module, tau: float) -> None:
-    for p_t, p in zip(target.parameters(), online.parameters()):
-        p_t.data.copy_(tau * p.data + (1.0 - tau) * p_t.data)
+    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+
+
+# A numpy array on `device`. To a GPU it goes through pinned staging memory, so the host does
+# not wait for the copy; the staging block is PyTorch's cached pinned memory, which is not reused
+# before the copy that reads it is done (a buffer of our own, refilled early, could be).
+def to_device(x: np.ndarray, device) -> torch.Tensor:
+    x = torch.from_numpy(x)
+    return x if str(device) == "cpu" else x.pin_memory().to(device, non_blocking=True)
 
 
 # a random action with probability epsilon, else argmax_a Q(s, a); FIRE where `forced`
@@ -262,7 +272,8 @@ def epsilon_greedy(q_network, obs, epsilon: float, forced, envs, rng, device) ->
     actions = rng.integers(0, envs.single_action_space.n, len(obs))
     if not explore.all():
         with torch.inference_mode():
-            greedy = q_network(torch.from_numpy(obs).to(device)).argmax(1).cpu().numpy()
+            # the action copy: the one wait for a GPU per env step
+            greedy = q_network(to_device(obs, device)).argmax(1).cpu().numpy()
         actions = np.where(explore, actions, greedy)
     return np.where(forced, envs.fire, actions) if forced.any() else actions
 
@@ -297,7 +308,8 @@ class FrameReplayBuffer:
     def add(self, frame, action, reward, next_frame, done, ended) -> np.ndarray:
         start, e = np.flatnonzero(self.need_start), np.arange(self.n)
         self._write(start, frame[start], True)
-        cur = (self.head - 1) % self.cap  # the slot of s's newest frame
+        # the slot of s's newest frame
+        cur = (self.head - 1) % self.cap
         self.actions[cur, e], self.rewards[cur, e], self.dones[cur, e] = action, reward, done
         self.valid[cur, e] = True
         self._write(e, next_frame, False)
@@ -316,8 +328,8 @@ class FrameReplayBuffer:
         a, r, d = (x[slot, e] for x in (self.actions, self.rewards, self.dones))
         return window[:, :-1], window[:, 1:], a, r, d
 
-    def sample(self, batch_size: int, rng: np.random.Generator, device="cpu") -> list:
-        return [torch.from_numpy(x).to(device) for x in self.get(self.sample_ids(batch_size, rng))]
+    def sample(self, batch_size: int, rng: np.random.Generator, device="cpu"):
+        return [to_device(x, device) for x in self.get(self.sample_ids(batch_size, rng))]
 
     # uniform over valid ids, in rejection rounds over the batch (not over its elements)
     def sample_ids(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
@@ -338,12 +350,14 @@ class FrameReplayBuffer:
 
     def load_state_dict(self, state: dict) -> None:
         for k in self.ARRAYS:
-            if len(state[k]) == self.cap:  # a full memory adopts the loaded arrays: no second copy
+            # a full memory adopts the loaded arrays: no second copy
+            if len(state[k]) == self.cap:
                 setattr(self, k, state[k].numpy())
             else:
                 getattr(self, k)[: len(state[k])] = state[k].numpy()
         self.head[:], self.written[:] = state["head"].numpy(), state["written"].numpy()
-        self.need_start[:] = True  # the games restart after a resume
+        # the games restart after a resume
+        self.need_start[:] = True
 
 
 # (d, life lost) of one vector step (detail 3): d = game over, or under baselines a lost life
@@ -374,7 +388,7 @@ def update(q_network, target_network, optimizer, batch, gamma: float):
         y = td_target(r, d.float(), target_network(s_next), gamma)
     q = q_network(s).gather(1, a[:, None]).squeeze(1)
     loss = nn.functional.mse_loss(q, y)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     loss.backward()
     optimizer.step()
     return loss.detach(), q.detach().mean()
@@ -390,17 +404,18 @@ def train(args: Args) -> None:
     rng, n = np.random.default_rng(args.seed), args.num_envs
     envs, protocol = make_envs(args, n), resolve_protocol(args.protocol, args.env_id)
     num_actions = int(envs.single_action_space.n)
-    q_network = QNetwork(num_actions).to(device, memory_format=torch.channels_last)
-    target_network = QNetwork(num_actions).to(device, memory_format=torch.channels_last)
+    q_network, target_network = (
+        QNetwork(num_actions).to(device, memory_format=torch.channels_last) for _ in range(2)
+    )
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-    buffer = FrameReplayBuffer(args.buffer_size, n)
     # what a checkpoint saves and a resume restores
     parts = dict(q_network=q_network, target_network=target_network, optimizer=optimizer)
-    parts["buffer"] = buffer
+    parts["buffer"] = buffer = FrameReplayBuffer(args.buffer_size, n)
     global_step, updates, horizon = restore(args, parts, rng)
     stop = stop_signal()
     evaluate_policy = partial(evaluate, q_network, args, device, args.eval_episodes, stop)
+    act, td_update = compiled(q_network, args, device), compiled(update, args, device)
 
     def state() -> dict:
         return checkpoint_state(parts, updates, horizon, rng)
@@ -413,8 +428,11 @@ def train(args: Args) -> None:
         lives, forced = info["lives"].copy(), np.zeros(n, bool)
         ep_return, ep_length = np.zeros(n), np.zeros(n, np.int64)
         while global_step < args.total_steps and not stop:
+            # --compile on a GPU: a new step of CUDA graphs, the last one's outputs have been read
+            if args.compile:
+                torch.compiler.cudagraph_mark_step_begin()
             epsilon = linear_schedule(args.start_e, args.end_e, horizon, global_step)
-            actions = epsilon_greedy(q_network, obs, epsilon, forced, envs, rng, device)
+            actions = epsilon_greedy(act, obs, epsilon, forced, envs, rng, device)
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             prev_step, global_step = global_step, global_step + n
             ended, lives, _, life_lost = store_step(
@@ -431,10 +449,11 @@ def train(args: Args) -> None:
                 due = global_step // args.train_frequency - prev_step // args.train_frequency
                 for _ in range(due):
                     batch = buffer.sample(args.batch_size, rng, device)
-                    loss, q = update(q_network, target_network, optimizer, batch, args.gamma)
+                    loss, q = td_update(q_network, target_network, optimizer, batch, args.gamma)
                     log.check_finite(loss, global_step)
                     updates += 1
-                    if updates % 100 == 0:
+                    # from the first update on (a short run logs one)
+                    if updates % 100 == 1:
                         log.scalars(global_step, {"losses/td_loss": loss, "losses/q_values": q})
                 if every(global_step, prev_step, args.target_network_frequency):
                     update_target(target_network, q_network, args.tau)
@@ -465,10 +484,10 @@ def check_args(args: Args) -> None:
         for k in keys.split()
     ]
     slots, batch = 16 * args.num_envs, args.batch_size
-    rows.append((args.buffer_size >= slots, f"--buffer-size must be >= {slots} (16 slots per env)"))
-    rows.append(
-        (args.learning_starts >= batch, f"--learning-starts must be >= --batch-size {batch}")
-    )
+    rows += [
+        (args.buffer_size >= slots, f"--buffer-size must be >= {slots} (16 slots per env)"),
+        (args.learning_starts >= batch, f"--learning-starts must be >= --batch-size {batch}"),
+    ]
     check_flags(args, rows)
 
 

@@ -43,6 +43,9 @@ Implementation details:
 8. A checkpoint holds the networks, the optimizer, the filled part of the replay buffer, the OU
    state and the torch and numpy generators. A resume reseeds the envs with seed + global_step,
    so the episode in progress at save time is dropped.
+9. `--compile` runs `update` (the loss, its backward, the clipped Adam step and the soft target
+   update) through torch.compile, as CUDA graphs on a GPU. Off by default: it has not yet been
+   measured to win on a GPU.
 
 Deviations from the paper and its public ports, set for Pendulum-v1 in 20k steps. What each
 was measured on, with seeds and commands: results/naf-ablations/README.md (its last section
@@ -86,14 +89,10 @@ Usage: python algos/naf.py --env-id Pendulum-v1 --total-steps 20000 --seed 1
 
 from __future__ import annotations
 
-import os
-
-# Before torch loads: idle OpenMP threads sleep instead of spinning.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import copy
 import importlib.util
 import json
+import os
 import random
 import signal
 import time
@@ -133,6 +132,8 @@ class Args:
     """deterministic torch kernels"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto picks cuda when available"""
+    compile: bool = False
+    """torch.compile the updates (CUDA graphs on a GPU)"""
     exp_name: str = "naf"
     """part of the default run directory"""
     run_dir: str | None = None
@@ -239,7 +240,7 @@ class NAFNetwork(nn.Module):
         self.register_buffer("obs_moments", moments, persistent=normalize_obs)
 
     def observe(self, obs):
-        x = torch.as_tensor(obs, dtype=torch.float64, device=self.obs_moments.device)
+        x = to_device(obs, self.obs_moments.device).double()
         self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), (x * x).sum(0)])
 
     def features(self, x):
@@ -345,7 +346,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size, rng, device):
         idx = rng.integers(0, self.size, batch_size)
-        return {k: torch.as_tensor(getattr(self, k)[idx], device=device) for k in self.FIELDS}
+        return {k: to_device(getattr(self, k)[idx], device) for k in self.FIELDS}
 
     def state_dict(self):
         # Copies of the filled part only: torch.save of a view would write the whole array.
@@ -405,6 +406,7 @@ def train(args: Args) -> None:
     for other in (*nets[1:], *target_nets):
         other.obs_moments = net.obs_moments
     optimizer = torch.optim.Adam(nets.parameters(), lr=args.learning_rate, fused=True)
+    learn = compiled(update, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     global_step, ou_state, num_updates = restore(args, nets, target_nets, optimizer, buffer, rng)
     obs, _ = envs.reset(seed=args.seed + global_step)
@@ -422,7 +424,7 @@ def train(args: Args) -> None:
                 actions = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
             else:
                 with torch.inference_mode():
-                    mu = net(torch.as_tensor(obs, dtype=torch.float32, device=device))[1]
+                    mu = net(to_device(obs, device).float())[1]
                 sigma = noise_scale(args, global_step)
                 noise, ou_state = exploration_noise(args.noise, ou_state, sigma, rng)
                 actions = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
@@ -441,7 +443,9 @@ def train(args: Args) -> None:
             if global_step >= args.learning_starts and buffer.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
                     batch = buffer.sample(args.batch_size, rng, device)
-                    loss, td, q = update(nets, target_nets, optimizer, batch, args)
+                    if args.compile:  # CUDA graphs: the last update's outputs are read by now
+                        torch.compiler.cudagraph_mark_step_begin()
+                    loss, td, q = learn(nets, target_nets, optimizer, batch, args)
                     num_updates += 1
                 log.check_finite(loss, global_step)
                 if every(global_step, prev_step, 100):  # as CleanRL
@@ -493,6 +497,15 @@ def restore(args, nets, target_nets, optimizer, buffer, rng):
     return ckpt["global_step"], ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
 
 
+# Through pinned memory on a GPU, so that the copy does not block the host; the caching host
+# allocator keeps the pinned block until the copy is done.
+def to_device(array, device):
+    x = torch.from_numpy(array)
+    return (x.pin_memory() if torch.device(device).type == "cuda" else x).to(
+        device, non_blocking=True
+    )
+
+
 # gym.make; unknown ids and spaces naf.py cannot use stop with one line.
 def make_env(env_id, render_mode=None):
     if env_id not in gym.registry and importlib.util.find_spec("ale_py"):
@@ -529,7 +542,7 @@ def evaluate(net, env_id, episodes, seed, device, video_dir=None):
         done, total = False, 0.0
         while not done:
             with torch.inference_mode():
-                mu = net(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[1]
+                mu = net(to_device(obs[None], device).float())[1]
             obs, reward, terminated, truncated, _ = env.step(
                 scale_action(mu[0].cpu().numpy(), low, high)
             )

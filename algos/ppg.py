@@ -50,6 +50,13 @@ Implementation details:
  7. Evaluation: greedy (argmax) policy on a separate env, episode i seeded with seed + 10000 + i.
  8. Torch's generator is the only one drawn from (initialisation, actions, minibatch order), so
     it is the only one a checkpoint saves; python's and numpy's global generators go unused.
+ 9. On a GPU the only wait for the device per env step is the actions' copy to the CPU: the envs'
+    arrays and observations go through pinned staging buffers, Adam is fused with tensor learning
+    rates set in place, and the losses stay on the device until the iteration logs them (one
+    read). Categorical's draw is written out: its argument checks would wait for the device.
+    --compile compiles the acting forward, GAE and both phases' minibatch steps (CUDA graphs on a
+    GPU; Dynamo leaves the fused Adam step, one kernel, as it is). Off by default: not yet
+    measured to win on a GPU.
 
 Deviations from the Procgen reference (N_pi 32, E_pi 1, E_V 1, E_aux 6, beta_clone 1, lr 5e-4,
 gamma 0.999, lambda 0.95, 64 envs x 256 steps), chosen so that CartPole-v1 is solved in 50k steps
@@ -74,13 +81,9 @@ Usage: python algos/ppg.py --env-id CartPole-v1 --total-steps 50000 --seed 1
 
 from __future__ import annotations
 
-import os
-
-# before torch loads: idle OpenMP threads sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import importlib.util
 import json
+import os
 import random
 import signal
 import time
@@ -96,7 +99,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
 
@@ -114,6 +116,8 @@ class Args:
     """deterministic torch kernels"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto picks cuda when available"""
+    compile: bool = False
+    """torch.compile the updates, GAE and the acting forward (CUDA graphs on a GPU)"""
     exp_name: str = "ppg"
     """experiment name, part of the default run directory"""
     run_dir: str | None = None
@@ -287,14 +291,22 @@ def clip_grads(agent: Agent, max_norm: float) -> None:
 
 
 # ------------------------------------------------------------- algorithm math
+ENV_ARRAYS = ("rewards", "terminated", "dones", "valid")  # what the envs give, per step
+
+
 def rollout_storage(num_steps: int, num_envs: int, obs_dim: int, device) -> dict:
-    """Preallocated [T, N] tensors of one rollout (`valid` = 0 marks an autoreset step)."""
-    names = ("logprobs", "rewards", "values", "terminated", "dones", "valid")
+    """Preallocated [T, N] tensors of one rollout (`valid` = 0 marks an autoreset step) on the
+    device, and `staging`: the env's arrays and next observations in CPU memory, pinned on CUDA, so
+    that their copies to the device do not wait (detail 9)."""
+    names = ("logprobs", "values", *ENV_ARRAYS)
     shape = (num_steps, num_envs)
     storage = {name: torch.zeros(shape, device=device) for name in names}
     storage["obs"] = torch.zeros((*shape, obs_dim), device=device)
     storage["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
-    return storage
+    pin = torch.device(device).type == "cuda"
+    staging = {name: torch.zeros(shape, pin_memory=pin) for name in ENV_ARRAYS}
+    staging["next_obs"] = torch.zeros((*shape, obs_dim), pin_memory=pin)
+    return storage | {"staging": staging}
 
 
 def aux_storage(n_rollouts: int, batch_size: int, obs_dim: int, device) -> dict:
@@ -309,37 +321,48 @@ def reset_carry(envs, seed: int, device) -> dict:
     """What crosses rollouts: next_obs, the envs whose next step is an autoreset, and the running
     episodes' ep_return and ep_length."""
     next_obs = torch.as_tensor(envs.reset(seed=seed)[0], dtype=torch.float32, device=device)
+    # contiguous, as the staged ones (CartPole's reset gives a transposed array): a compiled
+    # acting forward then sees one layout
+    next_obs = next_obs.contiguous()
     n = envs.num_envs
     carry = {"next_obs": next_obs, "autoreset": np.zeros(n, dtype=bool), "ep_return": np.zeros(n)}
     carry["ep_length"] = np.zeros(n, dtype=np.int64)
     return carry
 
 
-def rollout(envs, agent: Agent, storage: dict, carry: dict) -> list[tuple[int, float, int]]:
+def rollout(envs, agent, storage: dict, carry: dict) -> list[tuple[int, float, int]]:
     """num_steps vector steps into `storage`, updating `carry` (see reset_carry) in place; the
-    autoreset step gets valid = 0 (detail 5). Returns (t, return, length) of each episode ended."""
+    autoreset step gets valid = 0 (detail 5). Returns (t, return, length) of each episode ended.
+    The actions' copy to the CPU is the only wait for the device (detail 9)."""
     device, episodes = storage["rewards"].device, []
+    staging = storage["staging"]
+    stage = {name: x.numpy() for name, x in staging.items()}
     for t in range(storage["rewards"].shape[0]):
         real = ~carry["autoreset"]
         storage["obs"][t] = carry["next_obs"]
-        storage["valid"][t] = torch.as_tensor(real, dtype=torch.float32, device=device)
         with torch.inference_mode():
             logits, value, _ = agent(carry["next_obs"])
-            dist = Categorical(logits=logits)
-            actions = dist.sample()
-            storage["logprobs"][t], storage["values"][t] = dist.log_prob(actions), value
-            storage["actions"][t] = actions
+            # Categorical's draw and log-probability without its argument checks, which wait for
+            # the device
+            log_pi = logits.log_softmax(-1)
+            actions = torch.multinomial(log_pi.exp(), 1).squeeze(-1)
+            storage["logprobs"][t] = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+            storage["values"][t], storage["actions"][t] = value, actions
         next_obs, reward, terminated, truncated, _ = envs.step(actions.cpu().numpy())
         done = terminated | truncated
-        for name, x in (("rewards", reward), ("terminated", terminated), ("dones", done)):
-            storage[name][t] = torch.as_tensor(x, dtype=torch.float32, device=device)
-        carry["next_obs"] = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+        # staging rows are written after that wait: the previous rollout's copies of them are done
+        for name, x in zip(ENV_ARRAYS, (reward, terminated, done, real)):
+            stage[name][t] = x
+        stage["next_obs"][t] = next_obs
+        carry["next_obs"] = staging["next_obs"][t].to(device, non_blocking=True, copy=True)
         carry["ep_return"] += np.where(real, reward, 0.0)
         carry["ep_length"] += real
         for i in np.flatnonzero(done & real):
             episodes.append((t, float(carry["ep_return"][i]), int(carry["ep_length"][i])))
         carry["ep_return"][done], carry["ep_length"][done] = 0.0, 0
         carry["autoreset"] = done
+    for name in ENV_ARRAYS:
+        storage[name].copy_(staging[name], non_blocking=True)
     return episodes
 
 
@@ -368,14 +391,17 @@ def discounted_returns(rewards, dones, ret, gamma: float):
     return out, ret
 
 
-def update_moments(moments: list, x: torch.Tensor) -> list:
-    """[count, mean, var] of all x seen so far (parallel variance formula)."""
+def update_moments(moments: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[count, mean, var] of all x seen so far where w = 1 (parallel variance formula), as tensors
+    on x's device: nothing waits for it."""
     count, mean, var = moments
-    n, m, v = x.numel(), x.mean().item(), x.var(unbiased=False).item()
+    n = w.sum()
+    m = (x * w).sum() / n.clamp(min=1.0)
+    v = ((x - m) ** 2 * w).sum() / n.clamp(min=1.0)
     total = count + n
     delta = m - mean
     new_var = (var * count + v * n + delta**2 * count * n / total) / total
-    return [total, mean + delta * n / total, new_var]
+    return torch.stack([total, mean + delta * n / total, new_var])
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -383,15 +409,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def make_batch(storage: dict, agent, next_obs, reward_norm: dict, args: Args) -> dict:
+def make_batch(storage: dict, agent, next_obs, reward_norm: dict, args: Args, gae=gae) -> dict:
     """The flat training batch: GAE advantages normalised over the valid samples, and V_targ,
     bootstrapped from V(next_obs). --norm-reward first scales the rewards as the reference's
-    RewardNormalizer (detail 6), updating `reward_norm` (moments, running return) in place."""
+    RewardNormalizer (detail 6), updating `reward_norm` (moments, running return) in place.
+    `gae`: the GAE function (compiled with --compile)."""
     r, values, dones, valid = (storage[k] for k in ("rewards", "values", "dones", "valid"))
     if args.norm_reward:
         ret, reward_norm["ret"] = discounted_returns(r, dones, reward_norm["ret"], args.gamma)
-        reward_norm["moments"] = update_moments(reward_norm["moments"], ret[valid.bool()])
-        r = (r / np.sqrt(reward_norm["moments"][2] + 1e-8)).clamp(-10.0, 10.0)
+        reward_norm["moments"] = update_moments(reward_norm["moments"], ret, valid)
+        r = (r / (reward_norm["moments"][2] + 1e-8).sqrt().float()).clamp(-10.0, 10.0)
     advantages = gae(
         r, values, agent(next_obs)[1], storage["terminated"], dones, args.gamma, args.gae_lambda
     )
@@ -409,12 +436,12 @@ def make_batch(storage: dict, agent, next_obs, reward_norm: dict, args: Args) ->
 
 
 @torch.no_grad()
-def explained_variance(y: torch.Tensor, pred: torch.Tensor, w: torch.Tensor) -> float:
+def explained_variance(y: torch.Tensor, pred: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """1 - Var(y - pred) / Var(y) over the samples where w = 1; NaN when y does not vary."""
     var_y = masked_mean((y - masked_mean(y, w)) ** 2, w)
-    if var_y <= 0:
-        return float("nan")
     resid = y - pred
-    return float(1 - masked_mean((resid - masked_mean(resid, w)) ** 2, w) / var_y)
+    explained = 1 - masked_mean((resid - masked_mean(resid, w)) ** 2, w) / var_y
+    return torch.where(var_y > 0, explained, torch.nan)
 
 
 def categorical_kl(logits_old: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -425,15 +452,16 @@ def categorical_kl(logits_old: torch.Tensor, logits: torch.Tensor) -> torch.Tens
 
 def ppo_losses(logits, value, actions, logprob_old, adv, v_targ, valid, clip_coef: float):
     """L_clip, the value loss 0.5 (V - V_targ)^2, entropy, approx KL, clip fraction."""
-    dist = Categorical(logits=logits)
-    log_ratio = dist.log_prob(actions) - logprob_old
+    log_pi = logits.log_softmax(-1)
+    log_ratio = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - logprob_old
     ratio = log_ratio.exp()
     pg = -torch.min(ratio * adv, ratio.clamp(1 - clip_coef, 1 + clip_coef) * adv)
     with torch.no_grad():
         approx_kl = masked_mean((ratio - 1) - log_ratio, valid)
         clipfrac = masked_mean(((ratio - 1).abs() > clip_coef).float(), valid)
     v_loss = 0.5 * masked_mean((value - v_targ) ** 2, valid)
-    return masked_mean(pg, valid), v_loss, masked_mean(dist.entropy(), valid), approx_kl, clipfrac
+    entropy = masked_mean(-(log_pi.exp() * log_pi).sum(-1), valid)
+    return masked_mean(pg, valid), v_loss, entropy, approx_kl, clipfrac
 
 
 def aux_losses(logits, value, aux_value, logits_old, v_targ, valid):
@@ -443,60 +471,88 @@ def aux_losses(logits, value, aux_value, logits_old, v_targ, valid):
     return kl, aux_v_loss, 0.5 * masked_mean((value - v_targ) ** 2, valid)
 
 
-def policy_phase(agent: Agent, optimizer, batch: dict, args: Args) -> dict:
+PPO_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
+
+
+def policy_step(agent: Agent, optimizer, args: Args, train_pi: bool, train_v: bool, **mb):
+    """One minibatch of the policy phase: the policy loss if train_pi, the value loss if train_v,
+    then an Adam step; the minibatch's [L_clip, value loss, entropy, approx KL, clip fraction]."""
+    logits, value, _ = agent(mb["obs"])
+    pg, v_loss, entropy, approx_kl, clipfrac = ppo_losses(
+        logits,
+        value,
+        actions=mb["actions"],
+        logprob_old=mb["logprobs"],
+        adv=mb["advantages"],
+        v_targ=mb["returns"],
+        valid=mb["valid"],
+        clip_coef=args.clip_coef,
+    )
+    loss = 0.0
+    if train_pi:
+        loss = loss + pg - args.ent_coef * entropy
+    if train_v:
+        loss = loss + args.vf_coef * v_loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    clip_grads(agent, args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([pg, v_loss, entropy, approx_kl, clipfrac]).detach()
+
+
+def policy_phase(agent: Agent, optimizer, batch: dict, args: Args, step=policy_step):
     """One PPO iteration: max(E_pi, E_V) epochs; epoch i trains the policy if i < E_pi and the
-    value function if i < E_V (reference ppo.learn)."""
+    value function if i < E_V (reference ppo.learn). The last minibatch's statistics (with
+    E_V > E_pi its policy terms come from a value-only epoch); `step`: policy_step, or compiled."""
     n = batch["obs"].shape[0]
     for epoch in range(max(args.e_pi, args.e_v)):
         for idx in torch.randperm(n, device=batch["obs"].device).split(n // args.num_minibatches):
             mb = {k: x[idx] for k, x in batch.items()}
-            logits, value, _ = agent(mb["obs"])
-            pg, v_loss, entropy, approx_kl, clipfrac = ppo_losses(
-                logits,
-                value,
-                actions=mb["actions"],
-                logprob_old=mb["logprobs"],
-                adv=mb["advantages"],
-                v_targ=mb["returns"],
-                valid=mb["valid"],
-                clip_coef=args.clip_coef,
-            )
-            loss = 0.0
-            if epoch < args.e_pi:
-                loss = loss + pg - args.ent_coef * entropy
-            if epoch < args.e_v:
-                loss = loss + args.vf_coef * v_loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            clip_grads(agent, args.max_grad_norm)
-            optimizer.step()
-    # The last minibatch's stats; with E_V > E_pi its policy terms come from a value-only epoch.
-    stats = torch.stack([pg, v_loss, entropy, approx_kl, clipfrac]).detach().tolist()
-    return dict(zip(["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"], stats))
+            # (E_pi != E_V: one compiled graph for each of the at most 3 pairs of flags)
+            stats = step(agent, optimizer, args, epoch < args.e_pi, epoch < args.e_v, **mb)
+    return stats.clone()  # (CUDA graphs overwrite a compiled step's outputs at its next call)
 
 
-def auxiliary_phase(agent: Agent, optimizer, obs, v_targ, valid, args: Args) -> dict:
-    """E_aux epochs over all stored samples of the phase (paper Alg. 1, lines 10-15)."""
+def aux_step(agent: Agent, optimizer, args: Args, obs, logits_old, v_targ, valid) -> torch.Tensor:
+    """One minibatch of the auxiliary phase (paper Alg. 1, lines 12-14); its [KL, aux value loss,
+    value loss]."""
+    logits, value, aux_value = agent(obs)
+    kl, aux_v, v = aux_losses(logits, value, aux_value, logits_old, v_targ, valid)
+    optimizer.zero_grad(set_to_none=True)
+    (args.beta_clone * kl + aux_v + v).backward()
+    clip_grads(agent, args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([kl, aux_v, v]).detach()
+
+
+def auxiliary_phase(agent: Agent, optimizer, aux: dict, args: Args, step=aux_step):
+    """E_aux epochs over all samples stored in `aux` (paper Alg. 1, lines 10-15); the mean [KL,
+    aux value loss, value loss] of its minibatches. `step`: aux_step, or compiled."""
+    obs, v_targ, valid = (aux[name].flatten(0, 1) for name in ("obs", "vtarg", "valid"))
     n = obs.shape[0]
     with torch.no_grad():  # pi_old, computed once before the phase
         logits_old = torch.cat([agent.logits(o) for o in obs.split(4096)])
     stats = torch.zeros(3, device=obs.device)
     for _ in range(args.e_aux):
         for idx in torch.randperm(n, device=obs.device).split(n // args.aux_num_minibatches):
-            logits, value, aux_value = agent(obs[idx])
-            kl, aux_v, v = aux_losses(
-                logits, value, aux_value, logits_old[idx], v_targ[idx], valid[idx]
+            stats += step(
+                agent, optimizer, args, obs[idx], logits_old[idx], v_targ[idx], valid[idx]
             )
-            optimizer.zero_grad(set_to_none=True)
-            (args.beta_clone * kl + aux_v + v).backward()
-            clip_grads(agent, args.max_grad_norm)
-            optimizer.step()
-            stats += torch.stack([kl, aux_v, v]).detach()
-    stats /= max(1, args.e_aux * args.aux_num_minibatches)
-    return dict(zip(["kl", "aux_value", "value"], stats.tolist()))
+    return stats / max(1, args.e_aux * args.aux_num_minibatches)
 
 
 # ---------------------------------------------------------------- training
+LOSS_TAGS = [f"losses/{k}" for k in ("explained_variance", *PPO_STATS)]
+LOSS_TAGS += [f"losses/aux/{k}" for k in ("kl", "aux_value", "value")]
+
+
+def adam(agent: Agent, lr: float, eps: float, device) -> torch.optim.Adam:
+    """Fused Adam of all parameters (both phases train all of them, detail 4), with a tensor
+    learning rate, set in place: compiled steps do not recompile."""
+    lr = torch.tensor(lr, device=device)
+    return torch.optim.Adam(agent.parameters(), lr=lr, eps=eps, fused=True)
+
+
 def train(args: Args) -> None:
     check_args(args)
     if args.eval_only:
@@ -507,16 +563,15 @@ def train(args: Args) -> None:
     device = seed_and_pick_device(args)
     envs = make_envs(args.env_id, args.num_envs)
     agent = Agent(obs_dim, num_actions, args.hidden_dim, args.arch).to(device)
-    params = list(agent.parameters())  # both phases train all of them (detail 4)
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=args.adam_eps)
-    aux_optimizer = torch.optim.Adam(params, lr=args.aux_learning_rate, eps=args.adam_eps)
+    optimizer = adam(agent, args.learning_rate, args.adam_eps, device)
+    aux_optimizer = adam(agent, args.aux_learning_rate, args.adam_eps, device)
     N, batch_size = args.num_envs, args.num_envs * args.num_steps
     storage = rollout_storage(args.num_steps, N, obs_dim, device)
     aux = aux_storage(args.n_pi if args.e_aux else 0, batch_size, obs_dim, device)
     carry = reset_carry(envs, args.seed, device)
-    reward_norm = {"moments": [0, 0.0, 1.0], "ret": torch.zeros(N, device=device)}
-    counters = {"iteration": 0, "phase_iteration": 0, "aux_phases": 0, "schedule_steps": horizon}
-    counters |= {"train_time_s": 0.0, "aux_time_s": 0.0}
+    moments = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64, device=device)
+    reward_norm = {"moments": moments, "ret": torch.zeros(N, device=device)}
+    counters = dict.fromkeys(COUNTERS, 0) | {"schedule_steps": horizon}
     if ckpt:
         restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters)
     global_step = counters["iteration"] * batch_size
@@ -525,39 +580,41 @@ def train(args: Args) -> None:
     state = partial(
         checkpoint_state, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters
     )
+    act, gae_fn = compiled(agent, args, device), compiled(gae, args, device)
+    policy_fn, aux_fn = compiled(policy_step, args, device), compiled(aux_step, args, device)
     stop = stop_signal()
     with RunLogger(args, run_dir_for(args, args.resume), global_step, total, bool(ckpt)) as log:
         while global_step < total and not stop:
             t_iter = time.time()
-            frac = 1.0  # both rates fall linearly to 0 at the horizon (detail 6)
-            if args.anneal_lr:
-                frac -= counters["iteration"] / (horizon // batch_size)
+            # both rates fall linearly to 0 at the horizon (detail 6)
+            frac = 1.0 - counters["iteration"] / (horizon // batch_size) if args.anneal_lr else 1.0
             lr, aux_lr = frac * args.learning_rate, frac * args.aux_learning_rate
-            optimizer.param_groups[0]["lr"], aux_optimizer.param_groups[0]["lr"] = lr, aux_lr
+            optimizer.param_groups[0]["lr"].fill_(lr)
+            aux_optimizer.param_groups[0]["lr"].fill_(aux_lr)
             counters["iteration"] += 1
 
-            for t, ep_return, ep_length in rollout(envs, agent, storage, carry):
+            for t, ep_return, ep_length in rollout(envs, act, storage, carry):
                 log.episode(global_step + (t + 1) * N, ep_return, ep_length)
             global_step += batch_size
-            batch = make_batch(storage, agent, carry["next_obs"], reward_norm, args)
-            stats, aux_stats = policy_phase(agent, optimizer, batch, args), {}
+            batch = make_batch(storage, agent, carry["next_obs"], reward_norm, args, gae_fn)
+            stats = policy_phase(agent, optimizer, batch, args, policy_fn)
             if args.e_aux:  # keep the rollout's samples for the auxiliary phase
                 for name, key in (("obs", "obs"), ("vtarg", "returns"), ("valid", "valid")):
                     aux[name][counters["phase_iteration"]] = batch[key]
                 counters["phase_iteration"] += 1
             if args.e_aux and counters["phase_iteration"] == args.n_pi:  # every N_pi (Alg. 1)
                 t_aux = time.time()
-                obs, v_targ, valid = (aux[name].flatten(0, 1) for name in ("obs", "vtarg", "valid"))
-                aux_stats = auxiliary_phase(agent, aux_optimizer, obs, v_targ, valid, args)
+                stats = torch.cat([stats, auxiliary_phase(agent, aux_optimizer, aux, args, aux_fn)])
                 counters["phase_iteration"], counters["aux_phases"] = 0, counters["aux_phases"] + 1
                 counters["aux_time_s"] += time.time() - t_aux
             counters["train_time_s"] += time.time() - t_iter
 
-            log.check_finite(torch.tensor([*stats.values(), *aux_stats.values()]), global_step)
+            log.check_finite(stats, global_step)
             v_old, w = storage["values"].flatten(), batch["valid"]  # w: the real steps
-            stats["explained_variance"] = explained_variance(batch["returns"], v_old, w)
-            stats |= {f"aux/{k}": v for k, v in aux_stats.items()}
-            log.scalars(global_step, {f"losses/{k}": v for k, v in stats.items()})
+            ev = explained_variance(batch["returns"], v_old, w)
+            # one read from the device per iteration (no aux phase: zip stops before its tags)
+            values = torch.cat([ev[None], stats]).tolist()
+            log.scalars(global_step, dict(zip(LOSS_TAGS, values)))
             charts = {"learning_rate": lr, "aux_learning_rate": aux_lr, "SPS": log.sps(global_step)}
             charts["aux_phase_time_fraction"] = aux_time_fraction(counters)
             log.scalars(global_step, {f"charts/{k}": v for k, v in charts.items()})
@@ -703,7 +760,7 @@ def checkpoint_state(agent, optimizer, aux_optimizer, envs, carry, aux, reward_n
         "env_state": env_state(envs),
         "next_obs": carry["next_obs"].cpu(),
         **{name: torch.from_numpy(carry[name].copy()) for name in EPISODE_ARRAYS},
-        "reward_moments": reward_norm["moments"],
+        "reward_moments": reward_norm["moments"].cpu(),
         "reward_ret": reward_norm["ret"].cpu(),
         "rng": rng_state(torch=torch.default_generator),
     }
@@ -714,8 +771,11 @@ def restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm
     run's device (that of the reward statistics, like every tensor of the run)."""
     device = reward_norm["ret"].device
     agent.load_state_dict(ckpt["agent"])
-    optimizer.load_state_dict(ckpt["optimizer"])  # Adam's moments follow the parameters' device
-    aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
+    for opt, name in ((optimizer, "optimizer"), (aux_optimizer, "aux_optimizer")):
+        # the run's learning-rate tensor, not the checkpoint's (on the CPU; a float in older ones),
+        # and fused as the run's (older checkpoints' optimizers were not)
+        ckpt[name]["param_groups"][0] |= {k: opt.param_groups[0][k] for k in ("lr", "fused")}
+        opt.load_state_dict(ckpt[name])  # Adam's moments follow the parameters' device
     for name, x in aux.items():
         x[: ckpt["phase_iteration"]] = ckpt[f"aux_{name}"].to(device)
     if ckpt["env_state"] and env_state(envs):  # the same episodes continue (detail 4)
@@ -724,9 +784,11 @@ def restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm
         carry["next_obs"] = ckpt["next_obs"].to(device)
     else:
         obs, _ = envs.reset(seed=ckpt["args"]["seed"] + ckpt["iteration"])
-        carry["next_obs"] = torch.as_tensor(obs, dtype=torch.float32, device=device)
+        carry["next_obs"] = torch.as_tensor(obs, dtype=torch.float32, device=device).contiguous()
     set_rng_state(ckpt["rng"], torch=torch.default_generator)
-    reward_norm.update(moments=ckpt["reward_moments"], ret=ckpt["reward_ret"].to(device))
+    # (older checkpoints hold the moments as a list of floats)
+    moments = torch.as_tensor(ckpt["reward_moments"], dtype=torch.float64).to(device)
+    reward_norm.update(moments=moments, ret=ckpt["reward_ret"].to(device))
     counters.update({name: ckpt[name] for name in COUNTERS})
 
 

@@ -51,7 +51,9 @@ Implementation details:
     Running past H is refused rather than guessed (lr 0 would waste the compute, a stretched H
     would make the rate jump up): pass --schedule-steps to re-plan it, or --no-anneal-lr.
  7. Speed: channels_last convolutions, fused Adam, `torch.inference_mode()` for acting,
-    preallocated uint8 rollout storage, V(final_obs) computed only for truncated envs.
+    preallocated uint8 rollout storage, V(final_obs) computed only for truncated envs; on a GPU the
+    action copy is the only wait per step (pinned staging). `--compile` compiles acting, GAE and
+    the update step (CUDA graphs on a GPU); off by default: not yet measured to win on a GPU.
  8. Evaluation: the sampled policy, as the literature's PPO scores are measured (a greedy Breakout
     agent may never press FIRE and run to the frame limit), drawn from evaluation's own generator
     (seeded seed + 10_000; game i is seeded seed + 10_000 + i), so evaluating never moves the
@@ -68,14 +70,10 @@ Usage: python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-steps 1000000
 
 from __future__ import annotations
 
-import os
-
-# before torch loads: idle OpenMP threads sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import difflib
 import importlib.util
 import json
+import os
 import random
 import re
 import signal
@@ -113,6 +111,8 @@ class Args:
     """torch.use_deterministic_algorithms"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: cuda if available"""
+    compile: bool = False
+    """torch.compile acting, GAE and the updates (CUDA graphs on a GPU)"""
     exp_name: str = Path(__file__).stem
     """part of the run dir's name"""
     run_dir: str | None = None
@@ -346,34 +346,40 @@ class Rollout:
         self.obs = torch.zeros((T, N, frame_stack, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
         self.logprobs, self.values, self.trunc_values = torch.zeros((3, T, N), device=device)
-        # written from numpy into one host tensor, moved to the device once per rollout
-        self.host = torch.zeros((4, T, N))
+        # Host memory, pinned on a GPU: the copies to the device need not wait. Each is done before
+        # its buffer is written again (the next action copy, or reading the losses, waits for it).
+        cuda = device.type == "cuda"
+        self.host = torch.zeros((4, T, N), pin_memory=cuda)
         self.rewards, self.terminals, self.truncations, self.acted = self.host.numpy()
+        self.staging = torch.empty((N, frame_stack, 84, 84), dtype=torch.uint8, pin_memory=cuda)
+        self.forced = torch.zeros(N, dtype=torch.bool, pin_memory=cuda)  # FIRE is due (detail 3)
         next_obs, info = envs.reset(seed=seed)
-        self.next_obs, self.lives = torch.from_numpy(next_obs).to(device), info["lives"]
-        self.forced = np.zeros(N, bool)  # FIRE is due (detail 3)
+        self.next_obs, self.lives = self.upload(next_obs), info["lives"]
         self.ep_return, self.ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
 
+    def upload(self, obs):
+        return self.staging.copy_(torch.from_numpy(obs)).to(self.obs.device, non_blocking=True)
+
     @torch.inference_mode()
-    def collect(self, agent: Agent, envs, global_step: int, log, baselines: bool) -> int:
-        """T steps of every env with the current policy; returns the new global step."""
+    def collect(self, act, agent: Agent, envs, global_step: int, log, baselines: bool) -> int:
+        """T steps of every env, acting by `act` (agent, or compiled); the new global step."""
         device = self.obs.device
         for t in range(len(self.obs)):
-            self.obs[t] = self.next_obs
-            logits, self.values[t] = agent(self.next_obs)
+            self.obs[t], forced = self.next_obs, self.forced.to(device, non_blocking=True)
+            logits, self.values[t] = act(self.next_obs)
             dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
-            action = dist.sample()
-            if self.forced.any():  # detail 3: FIRE after a lost life, not the policy's choice
-                action[torch.from_numpy(self.forced).to(device)] = envs.fire
+            # detail 3: FIRE after a lost life, not the policy's choice
+            action = torch.where(forced, envs.fire or 0, dist.sample())
             self.actions[t], self.logprobs[t] = action, dist.log_prob(action)
-            self.acted[t] = ~self.forced
+            self.acted[t] = ~self.forced.numpy()
             next_obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
             global_step += len(reward)
             flags = step_targets(agent, term, trunc, info, self.lives, baselines, device)
             self.terminals[t], self.truncations[t], lost, self.trunc_values[t] = flags
-            self.lives, self.forced = info["lives"], lost & (envs.fire is not None)
+            self.lives = info["lives"]
+            self.forced[:] = torch.from_numpy(lost & (envs.fire is not None))
             self.rewards[t] = np.sign(reward)  # clipped (Mnih et al. 2015)
-            self.next_obs = torch.from_numpy(next_obs).to(device)
+            self.next_obs = self.upload(next_obs)
             self.ep_return, self.ep_length = self.ep_return + reward, self.ep_length + 1
             for i in np.flatnonzero(term | trunc):
                 log.episode(global_step, self.ep_return[i], self.ep_length[i])
@@ -381,64 +387,60 @@ class Rollout:
         return global_step
 
     @torch.inference_mode()
-    def batch(self, agent: Agent, gamma: float, gae_lambda: float) -> dict:
+    def batch(self, act, gae, gamma: float, gae_lambda: float) -> dict:
         """GAE over the rollout, and the rollout flattened to T N rows for update()."""
-        rewards, terminals, cuts, acted = self.host.to(self.obs.device)
-        next_value = agent(self.next_obs)[1]
+        rewards, terminals, cuts, acted = self.host.to(self.obs.device, non_blocking=True)
+        next_value = act(self.next_obs)[1]
         advantages, returns = gae(
             rewards, self.values, next_value, terminals, cuts, self.trunc_values, gamma, gae_lambda
         )
         batch = dict(obs=self.obs, actions=self.actions, logprobs=self.logprobs, values=self.values)
-        batch |= dict(advantages=advantages, returns=returns, acted=acted)
+        # cloned: CUDA graphs would overwrite a compiled gae's outputs at its next call
+        batch |= dict(advantages=advantages.clone(), returns=returns.clone(), acted=acted)
         return {k: v.flatten(0, 1) for k, v in batch.items()}
 
 
-def update(agent: Agent, optimizer, batch: dict, generator: torch.Generator, args: Args) -> dict:
-    """K epochs of minibatch steps on the PPO loss (eq. 9); the total loss and what to log."""
+def ppo_step(agent: Agent, optimizer, mb: dict, args: Args) -> torch.Tensor:
+    """One gradient step on the PPO loss (eq. 9) of minibatch `mb`; its losses, stacked."""
+    logits, value = agent(mb["obs"])
+    dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
+    logprob, entropy = dist.log_prob(mb["actions"]), dist.entropy().mean()
+    A, old, R = mb["advantages"], mb["logprobs"], mb["returns"]
+    A = (A - A.mean()) / (A.std() + 1e-8) if args.norm_adv else A
+    pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
+        logprob, old, A, value, mb["values"], R, args.clip_coef, args.clip_vloss, mb["acted"]
+    )
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([loss, v_loss, pg_loss, entropy, approx_kl, clipfrac]).detach()
+
+
+LOGGED = ("value_loss", "policy_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+
+
+def update(step, batch: dict, generator: torch.Generator, args: Args) -> torch.Tensor:
+    """K epochs of `step` (ppo_step, or compiled) on minibatches: the total loss, then LOGGED."""
     # minibatch order drawn from `generator`; logged: the last minibatch's losses, the epochs' mean
     # clip fraction and the explained variance of the rollout's values
-    batch_size = len(batch["actions"])
-    minibatch_size, clipfracs = batch_size // args.num_minibatches, []
+    batch_size, stats = len(batch["actions"]), []
     for epoch in range(args.update_epochs):
         order = torch.randperm(batch_size, generator=generator).to(batch["actions"].device)
-        for start in range(0, batch_size, minibatch_size):
-            mb = {k: v[order[start : start + minibatch_size]] for k, v in batch.items()}
-            logits, value = agent(mb["obs"])
-            dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
-            logprob, entropy = dist.log_prob(mb["actions"]), dist.entropy().mean()
-            advantages = mb["advantages"]
-            if args.norm_adv:
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-            pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
-                logprob,
-                mb["logprobs"],
-                advantages,
-                value,
-                mb["values"],
-                mb["returns"],
-                args.clip_coef,
-                args.clip_vloss,
-                mb["acted"],
-            )
-            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            clipfracs.append(clipfrac)
-        if args.target_kl is not None and approx_kl.item() > args.target_kl:
+        for rows in order.split(batch_size // args.num_minibatches):
+            # compiled: its outputs are kept (copied), so a new CUDA graph step (not in eager mode:
+            # its first call imports Inductor, seconds)
+            if args.compile:
+                torch.compiler.cudagraph_mark_step_begin()
+            stats.append(step({k: v[rows] for k, v in batch.items()}).clone())
+        # (waits for the device)
+        if args.target_kl is not None and stats[-1][4] > args.target_kl:
             break
-    var_y = batch["returns"].var()
-    explained = 1 - (batch["returns"] - batch["values"]).var() / var_y
-    return {
-        "loss": loss.detach(),
-        "losses/value_loss": v_loss.detach(),
-        "losses/policy_loss": pg_loss.detach(),
-        "losses/entropy": entropy.detach(),
-        "losses/approx_kl": approx_kl,
-        "losses/clipfrac": torch.stack(clipfracs).mean(),
-        "losses/explained_variance": explained.item() if var_y > 0 else float("nan"),
-    }
+    stats = torch.stack(stats)
+    R, var_R = batch["returns"], batch["returns"].var()
+    explained = torch.where(var_R > 0, 1 - (R - batch["values"]).var() / var_R, torch.nan)
+    return torch.cat([stats[-1, :5], stats[:, 5].mean().view(1), explained.view(1)])
 
 
 # ---------------------------------------------------------------- training
@@ -453,9 +455,13 @@ def train(args: Args) -> None:
     envs = make_envs(N, **atari)
     agent = Agent(int(envs.single_action_space.n), args.frame_stack)
     agent = agent.to(device, memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # a tensor: no recompile as it anneals
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True)
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
     global_step, iteration, horizon = restore(args, agent, optimizer, generator, total)
+    act, gae_fn = compiled(agent, args, device), compiled(gae, args, device)
+    step = compiled(partial(ppo_step, agent, optimizer, args=args), args, device)
     # fresh games after a resume
     ro = Rollout(envs, T, N, args.frame_stack, device, seed=args.seed + global_step)
     stop = stop_signal()
@@ -474,13 +480,15 @@ def train(args: Args) -> None:
         while global_step < total and not stop:
             iteration += 1
             # detail 6: lr = lr_0 (1 - step / H)
-            lr = args.learning_rate * (1.0 - global_step / horizon if args.anneal_lr else 1.0)
-            optimizer.param_groups[0]["lr"] = lr
-            global_step = ro.collect(agent, envs, global_step, log, atari["baselines"])
-            batch = ro.batch(agent, args.gamma, args.gae_lambda)
-            losses = update(agent, optimizer, batch, generator, args)
-            log.check_finite(losses.pop("loss"), global_step)
-            losses |= {"charts/learning_rate": lr, "charts/SPS": log.sps(global_step)}
+            rate = args.learning_rate * (1.0 - global_step / horizon if args.anneal_lr else 1.0)
+            # (after a resume the group holds the checkpoint's lr)
+            optimizer.param_groups[0]["lr"] = lr.fill_(rate)
+            global_step = ro.collect(act, agent, envs, global_step, log, atari["baselines"])
+            batch = ro.batch(act, gae_fn, args.gamma, args.gae_lambda)
+            stats = update(step, batch, generator, args)
+            log.check_finite(stats[0], global_step)
+            losses = {"losses/" + k: v for k, v in zip(LOGGED, stats[1:].tolist())}
+            losses |= {"charts/learning_rate": rate, "charts/SPS": log.sps(global_step)}
             log.scalars(global_step, losses)
             log.end_iteration(global_step, stop, evaluate_policy, state)
         envs.close()

@@ -65,10 +65,13 @@ Implementation details:
     are recomputed with the current weights.
  8. Training pass: the CNN runs once over every frame of a minibatch; nn.LSTM then runs once per
     span of steps in which none of the minibatch's sequences starts an episode (one call per
-    span: cuDNN's fused kernel on GPU), zeroing the starting sequences' state at each span's
-    first step. Acting is the same forward with L = 1 over all envs (no loop over envs).
-    Replaying a rollout with the acting weights gives the log-probabilities and values recorded
-    while acting (tested), which is what makes the PPO ratio correct.
+    span: cuDNN's fused kernel on GPU; spans found on the host), zeroing the starting sequences'
+    state at each span's first step. Acting is the same forward with L = 1 over all envs (no loop
+    over envs). Replaying a rollout with the acting weights gives the log-probabilities and
+    values recorded while acting (tested), which is what makes the PPO ratio correct.
+    `--compile` compiles the update step (CUDA graphs on a GPU) but for nn.LSTM, which runs
+    eagerly (cuDNN) between its compiled parts; acting and GAE stay eager. Off by default: not
+    yet measured to win on a GPU.
  9. PPO as ppo_atari.py (CleanRL defaults): Adam eps 1e-5 (fused), 4 epochs, advantages
     normalised per minibatch, clipped value loss, grad-norm 0.5, optional `--target-kl` early
     stop, channels_last convolutions; lr = 2.5e-4 (1 - step / S), with S = `--schedule-steps`,
@@ -92,14 +95,10 @@ Usage: python recurrent_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-ste
 
 from __future__ import annotations
 
-import os
-
-# before torch loads: idle OpenMP threads sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import difflib
 import importlib.util
 import json
+import os
 import random
 import re
 import signal
@@ -130,27 +129,29 @@ class Args:
     protocol: Literal["auto", "baselines", "machado"] = "auto"
     """life and FIRE protocol (detail 3); auto: baselines for v4 ids, machado for v5"""
     seed: int = 1
-    """seed of python, numpy, torch and the games"""
+    """seed of torch and the games"""
     total_steps: int = 10_000_000
     """agent steps summed over environments (4 frames each)"""
     num_envs: int = 8
     """parallel environments N"""
     torch_deterministic: bool = True
-    """torch.use_deterministic_algorithms, for identical runs on CPU"""
+    """torch.use_deterministic_algorithms"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto picks cuda when available"""
+    """auto: cuda if available"""
+    compile: bool = False
+    """torch.compile the update step around its eager LSTM (CUDA graphs on a GPU)"""
     exp_name: str = Path(__file__).stem
-    """experiment name, part of the default run directory"""
+    """part of the run dir's name"""
     run_dir: str | None = None
-    """output directory (default runs/<env>__<exp>__<seed>__<unixtime>)"""
+    """default: runs/<env>__<exp>__<seed>__<time>"""
     checkpoint_interval: int = 500_000
-    """save a checkpoint every this many env steps (0: only at the end)"""
+    """env steps between checkpoints (0: at the end only)"""
     resume: str | None = None
     """checkpoint to continue from"""
     eval_episodes: int = 10
     """games per evaluation"""
     eval_interval: int = 0
-    """evaluate every this many env steps (0: only at the end)"""
+    """env steps between evaluations (0: at the end only)"""
     eval_only: bool = False
     """only evaluate --checkpoint, with its run's settings"""
     checkpoint: str | None = None
@@ -177,7 +178,7 @@ class Args:
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 at --schedule-steps"""
     schedule_steps: int | None = None
-    """step where the annealed lr reaches 0 (default: this run's, or the checkpoint's)"""
+    """step where the annealed lr reaches 0 (default: the first run's last step)"""
     gamma: float = 0.99
     """discount factor gamma"""
     gae_lambda: float = 0.95
@@ -213,8 +214,8 @@ def atari_protocol(env_id: str) -> tuple[str, float]:
     games = {rom.title().replace("_", ""): rom for rom in get_all_rom_ids()}
     for pattern, sticky in ATARI_IDS:
         match = re.fullmatch(pattern, env_id)
-        if match and match.group(1) in games:
-            return games[match.group(1)], sticky
+        if match and match[1] in games:
+            return games[match[1]], sticky
     raise fail(not_atari(env_id, games))
 
 
@@ -223,6 +224,14 @@ def resolve_protocol(protocol: str, env_id: str) -> str:
     if protocol != "auto":
         return protocol
     return "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
+
+
+def atari_settings(run: dict) -> dict:
+    """make_envs' keywords for a run's flags (details 1 and 3)."""
+    game, sticky = atari_protocol(run["env_id"])
+    baselines = resolve_protocol(run["protocol"], run["env_id"]) == "baselines"
+    frames, stack = run["max_episode_frames"], run["frame_stack"]
+    return dict(game=game, sticky=sticky, max_frames=frames, frame_stack=stack, baselines=baselines)
 
 
 def make_envs(num_envs, game, sticky, max_frames, frame_stack, baselines) -> AtariVectorEnv:
@@ -247,8 +256,8 @@ def make_envs(num_envs, game, sticky, max_frames, frame_stack, baselines) -> Ata
 
 
 def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
-    """(terminal, truncation, life lost) of one vector step, numpy bool arrays (detail 3). After a
-    game ends `lives` is the new game's; a game over at the time limit is terminal."""
+    """(terminal, truncation, life lost) of one vector step, numpy bool arrays (detail 3)."""
+    # After a game ends `lives` is the new game's; a game over at the time limit is terminal.
     life_lost = (lives < prev_lives) & ~(terminated | truncated)
     return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
 
@@ -271,7 +280,7 @@ class LifeProtocol:
         return obs
 
     def step(self, actions: np.ndarray):
-        """-> actions taken, obs, reward, game ended, terminal, time-limit cut, final obs."""
+        """-> obs, reward, game ended, terminal, time-limit cut, final obs."""
         if self.forced.any():
             actions = np.where(self.forced, self.vec.fire, actions)
         obs, reward, term, trunc, info = self.vec.step(actions)
@@ -281,7 +290,7 @@ class LifeProtocol:
         self.stale = np.where(lost & self.baselines, obs.shape[1] - 1, stale * ~(term | trunc))
         self.lives, self.forced = info["lives"], lost & (self.vec.fire is not None)
         self.start = (terminal | cut).astype(np.float32)
-        return actions, clear_stale(obs, self.stale), reward, term | trunc, terminal, cut, final
+        return clear_stale(obs, self.stale), reward, term | trunc, terminal, cut, final
 
 
 # ---------------------------------------------------------------- network
@@ -314,29 +323,33 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(hidden_dim, 1), std=1.0)
 
     def initial_state(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        return tuple(torch.zeros(1, batch, self.lstm.hidden_size, device=device) for _ in range(2))
+        return torch.zeros(2, 1, batch, self.lstm.hidden_size, device=device).unbind()
 
-    def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], starts):
+    def forward(self, obs: torch.Tensor, state: tuple, starts: torch.Tensor, spans=None):
         """Frames (L, B, C, 84, 84), (h, c) entering step 0, starts (L, B) -> logits, V, (h, c)."""
-        L, B = starts.shape
         x = obs.flatten(0, 1).to(torch.float32, memory_format=torch.channels_last) / 255.0
-        features = self.network(x).view(L, B, -1)
-        # One nn.LSTM call per span without an episode start inside (detail 8), not one per step.
-        bounds = [0, *(torch.nonzero(starts[1:].any(1)).flatten() + 1).tolist(), L]
-        (h, c), outputs = state, []
+        out, state = self.memory(self.network(x).view(*starts.shape, -1), state, starts, spans)
+        return self.actor(out), self.critic(out).squeeze(-1), state
+
+    @torch.compiler.disable  # Dynamo does not trace nn.LSTM: eager (cuDNN on a GPU) when compiled
+    def memory(self, x, state, starts, spans):
+        """Features x (L, B, D) -> LSTM outputs, (h, c): one call per span (detail 8)."""
+        # spans (L,), needed when L > 1: whether some sequence starts an episode at t, from the
+        # host (a search on the device would make the host wait for a GPU)
+        cuts = (spans[1:].nonzero()[:, 0] + 1).tolist() if len(x) > 1 else []
+        bounds, (h, c), outputs = [0, *cuts, len(x)], state, []
         for t0, t1 in zip(bounds[:-1], bounds[1:]):
-            # zero the memory of the sequences that start an episode here
-            keep = (1.0 - starts[t0]).view(1, B, 1)
-            out, (h, c) = self.lstm(features[t0:t1], (h * keep, c * keep))
+            # the steps [t0, t1) hold no episode start but at t0: zero those sequences' memory there
+            keep = (1.0 - starts[t0])[None, :, None]
+            out, (h, c) = self.lstm(x[t0:t1], (h * keep, c * keep))
             outputs.append(out)
-        out = torch.cat(outputs)
-        return self.actor(out), self.critic(out).squeeze(-1), (h, c)
+        return torch.cat(outputs), (h, c)
 
 
 # ---------------------------------------------------------------- PPO math
 def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tensor:
-    """V(real final observation) where the time limit cut the episode, else 0 (detail 3): one more
-    LSTM step from the episode's own state, before the reset zeroes it."""
+    """V(real final observation) where the time limit cut the episode, else 0 (detail 3)."""
+    # one more LSTM step from the episode's own state, before the reset zeroes it
     values = torch.zeros(len(cut), device=device)
     if cut.any():
         idx = torch.from_numpy(np.flatnonzero(cut)).to(device)
@@ -347,9 +360,9 @@ def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tenso
 
 
 def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma, gae_lambda):
-    """GAE advantages and returns R_t = A_t + V(s_t), (T, N) tensors. terminals: V(s_{t+1}) = 0 (game
-    over or life loss); truncations: V(s_{t+1}) = truncation_values, V(real final observation), not
-    values[t + 1] (a reset game). Either ends the GAE chain. next_value: V after the last step."""
+    """GAE advantages and returns R_t = A_t + V(s_t), (T, N) tensors; next_value: V after T."""
+    # terminals: V(s_{t+1}) = 0 (game over or life loss); truncations: V(s_{t+1}) = V(real final
+    # observation), truncation_values, not values[t + 1] (a reset game). Either ends the chain.
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(truncations.bool(), truncation_values, next_values)
     deltas = rewards + gamma * (1.0 - terminals) * next_values - values
@@ -368,27 +381,25 @@ def masked_mean(x: torch.Tensor, acted: torch.Tensor) -> torch.Tensor:
     return (x * acted).sum() / acted.sum().clamp(min=1)
 
 
+def normalise(A: torch.Tensor, acted: torch.Tensor) -> torch.Tensor:
+    """(A - mean) / std over the steps the policy chose (detail 4); as they are below two."""
+    n, mean = acted.sum(), masked_mean(A, acted)
+    # n - 1: as Tensor.std
+    std = (((A - mean) ** 2 * acted).sum() / (n - 1)).sqrt()
+    return torch.where(n > 1, (A - mean) / (std + 1e-8), A)
+
+
 def ppo_losses(
-    new_logprob,
-    old_logprob,
-    advantages,
-    new_value,
-    old_value,
-    returns,
-    clip_coef: float,
-    clip_vloss: bool,
-    acted=None,
+    logprob, old_logprob, advantages, value, old_value, returns, clip_coef, clip_vloss, acted
 ):
-    """Clipped surrogate loss -L_clip, value loss L_V, approx KL and clip fraction; all but L_V
-    over the steps the policy chose (`acted`, detail 4)."""
-    log_ratio = new_logprob - old_logprob
+    """-L_clip, L_V, approx KL and clip fraction; all but L_V over the policy's steps (detail 4)."""
+    log_ratio = logprob - old_logprob
     ratio = log_ratio.exp()
-    acted = torch.ones_like(ratio) if acted is None else acted
     clipped = ratio.clamp(1 - clip_coef, 1 + clip_coef)
     pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped), acted)
-    v_loss = (new_value - returns) ** 2
+    v_loss = (value - returns) ** 2
     if clip_vloss:
-        v_clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
+        v_clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = torch.max(v_loss, (v_clipped - returns) ** 2)
     with torch.no_grad():
         # k3 estimator (Schulman's blog "Approximating KL")
@@ -405,15 +416,19 @@ class Rollout:
         self.obs = torch.zeros((T, N, frame_stack, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
         self.logprobs, self.values, self.trunc_values = torch.zeros((3, T, N), device=device)
-        # rewards and flags are born in numpy: kept on the host, moved once per rollout
-        self.flags = np.zeros((5, T, N), np.float32)
-        self.rewards, self.terminals, self.truncations, self.starts, self.acted = self.flags
+        # Host memory, pinned on a GPU so that copies from it need not wait; each is done before its
+        # buffer is written again (the next action copy, or the read of the losses, waits for it).
+        # Rewards and flags are born in numpy: kept on the host, moved once per rollout.
+        cuda = self.obs.is_cuda
+        self.host = torch.zeros((5, T, N), pin_memory=cuda)
+        self.rewards, self.terminals, self.truncations, self.starts, self.acted = self.host.numpy()
+        self.pinned_obs = torch.empty(self.obs.shape[1:], dtype=torch.uint8, pin_memory=cuda)
         # (h, c) entering the first step of each chunk of seq_len steps (detail 7)
         self.h0, self.c0 = torch.zeros((2, T // seq_len, N, hidden_dim), device=device)
 
     def restart(self, obs: np.ndarray, agent: Agent) -> None:
         """Fresh games (a new or resumed run): the acting memory starts at zero."""
-        self.next_obs = torch.from_numpy(obs).to(self.obs.device)
+        self.next_obs = to_device(self.pinned_obs, obs, self.obs.device)
         self.state = agent.initial_state(len(obs), self.obs.device)
         self.ep_return, self.ep_length = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
 
@@ -421,6 +436,11 @@ class Rollout:
         """(T, N, ...) -> (L, K, ...), K = N T / L: sequence j N + n is env n's chunk j."""
         (T, N), L = x.shape[:2], self.seq_len
         return x.reshape(T // L, L, N, *x.shape[2:]).transpose(0, 1).reshape(L, -1, *x.shape[2:])
+
+
+def to_device(pinned: torch.Tensor, array: np.ndarray, device) -> torch.Tensor:
+    # through the host buffer `pinned`: the copy need not wait for a GPU
+    return pinned.copy_(torch.from_numpy(array)).to(device, non_blocking=True)
 
 
 @torch.inference_mode()
@@ -432,72 +452,80 @@ def collect(agent: Agent, envs: LifeProtocol, ro: Rollout, global_step: int, log
         if t % ro.seq_len == 0:
             ro.h0[t // ro.seq_len], ro.c0[t // ro.seq_len] = ro.state[0][0], ro.state[1][0]
         ro.obs[t], ro.starts[t], ro.acted[t] = ro.next_obs, envs.start, ~envs.forced
-        starts = torch.from_numpy(envs.start).to(device)[None]
-        logits, value, ro.state = agent(ro.next_obs[None], ro.state, starts)
+        # from the pinned rows just written, as each copy below: the host need not wait for a GPU
+        starts, acted = (ro.host[k, t].to(device, non_blocking=True) for k in (3, 4))
+        logits, value, ro.state = agent(ro.next_obs[None], ro.state, starts[None])
         # NaN weights are caught after the update
         dist = Categorical(logits=logits[0], validate_args=False)
-        forced, action = envs.forced, dist.sample()
-        actions, obs, reward, ended, terminal, cut, final = envs.step(action.cpu().numpy())
-        # the actions taken, forced FIRE included (detail 3); copied only where FIRE was forced
-        if forced.any():
-            action = torch.from_numpy(actions).to(device)
+        # the actions taken, forced FIRE included (detail 3)
+        action = torch.where(acted.bool(), dist.sample(), envs.vec.fire or 0)
+        obs, reward, ended, terminal, cut, final = envs.step(action.cpu().numpy())
         ro.actions[t], ro.logprobs[t], ro.values[t] = action, dist.log_prob(action), value[0]
         ro.trunc_values[t] = bootstrap_values(agent, final, cut, ro.state, device)
         # rewards clipped for learning (Mnih et al. 2015)
         ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut
-        ro.next_obs, global_step = torch.from_numpy(obs).to(device), global_step + N
+        ro.next_obs, global_step = to_device(ro.pinned_obs, obs, device), global_step + N
         ro.ep_return, ro.ep_length = ro.ep_return + reward, ro.ep_length + 1
         for i in np.flatnonzero(ended):
             log.episode(global_step, ro.ep_return[i], ro.ep_length[i])
             ro.ep_return[i], ro.ep_length[i] = 0.0, 0
+    # V after the last step, which GAE bootstraps from (once per rollout: a GPU makes the host wait)
+    starts = torch.from_numpy(envs.start).to(device)[None]
+    ro.next_value = agent(ro.next_obs[None], ro.state, starts)[1][0]
     return global_step
 
 
-def update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args, generator):
-    """`--update-epochs` epochs of PPO on minibatches of whole sequences (details 7-9)."""
-    starts, acted = torch.from_numpy(ro.flags[3:]).to(ro.obs.device)
-    batch = (ro.obs, ro.actions, ro.logprobs, ro.values, advantages, returns, starts, acted)
-    obs, actions, logprobs, values, b_adv, b_returns, starts, acted = map(ro.sequences, batch)
-    h0, c0, clipfracs = ro.h0.flatten(0, 1), ro.c0.flatten(0, 1), []
+def ppo_step(agent: Agent, optimizer, mb: dict, spans: torch.Tensor, args: Args):
+    """One gradient step of PPO (details 4, 9) on minibatch `mb` of sequences; its losses."""
+    logits, value, _ = agent(mb["obs"], (mb["h0"][None], mb["c0"][None]), mb["starts"], spans)
+    dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
+    acted, A = mb["acted"], mb["advantages"]
+    # over the policy's own steps (detail 4)
+    entropy = masked_mean(dist.entropy(), acted)
+    A = normalise(A, acted) if args.norm_adv else A
+    logprob, old, R = dist.log_prob(mb["actions"]), mb["logprobs"], mb["returns"]
+    pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
+        logprob, old, A, value, mb["values"], R, args.clip_coef, args.clip_vloss, acted
+    )
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([loss, v_loss, pg_loss, entropy, approx_kl, clipfrac]).detach()
+
+
+LOGGED = ("value_loss", "policy_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+
+
+def update(step, ro: Rollout, advantages, returns, args: Args, generator) -> torch.Tensor:
+    """K epochs of `step` (ppo_step, or compiled) on minibatches of sequences: loss, LOGGED."""
+    starts, acted = ro.host[3:].to(ro.obs.device, non_blocking=True)
+    batch = dict(obs=ro.obs, actions=ro.actions, logprobs=ro.logprobs, values=ro.values)
+    batch |= dict(advantages=advantages, returns=returns, starts=starts, acted=acted)
+    batch = {k: ro.sequences(v) for k, v in batch.items()}
+    # detail 8's spans, found on the host
+    host_starts, stats = ro.sequences(ro.host[3]), []
+    h0, c0 = ro.h0.flatten(0, 1), ro.c0.flatten(0, 1)
     for epoch in range(args.update_epochs):
-        order = torch.randperm(len(h0), generator=generator).to(h0.device)
-        for mb in order.split(len(h0) // args.num_minibatches):
-            logits, new_value, _ = agent(obs[:, mb], (h0[mb][None], c0[mb][None]), starts[:, mb])
-            dist = Categorical(logits=logits, validate_args=False)
-            mb_acted, mb_adv = acted[:, mb], b_adv[:, mb]
-            new_logprob = dist.log_prob(actions[:, mb])
-            entropy = masked_mean(dist.entropy(), mb_acted)
-            # statistics of the policy's own steps (detail 4)
-            if args.norm_adv:
-                chosen = mb_adv[mb_acted.bool()]
-                # no std of fewer than two steps: those are left as they are
-                if len(chosen) > 1:
-                    mb_adv = (mb_adv - chosen.mean()) / (chosen.std() + 1e-8)
-            pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
-                new_logprob,
-                logprobs[:, mb],
-                mb_adv,
-                new_value,
-                values[:, mb],
-                b_returns[:, mb],
-                args.clip_coef,
-                args.clip_vloss,
-                mb_acted,
-            )
-            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            clipfracs.append(clipfrac)
-        if args.target_kl is not None and approx_kl.item() > args.target_kl:
+        order = torch.randperm(len(h0), generator=generator)
+        for rows in order.split(len(h0) // args.num_minibatches):
+            spans = host_starts[:, rows].any(1)
+            rows = rows.to(ro.obs.device, non_blocking=True)
+            mb = {k: v[:, rows] for k, v in batch.items()} | dict(h0=h0[rows], c0=c0[rows])
+            # compiled: its outputs are kept (copied), so a new CUDA graph step (not in eager mode:
+            # its first call imports Inductor, seconds)
+            if args.compile:
+                torch.compiler.cudagraph_mark_step_begin()
+            stats.append(step(mb, spans).clone())
+        # (waits for a GPU)
+        if args.target_kl is not None and stats[-1][4] > args.target_kl:
             break
-    var_y = b_returns.var()
-    explained = (1 - (b_returns - values).var() / var_y).item() if var_y > 0 else float("nan")
-    losses = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy, approx_kl=approx_kl)
-    losses = {f"losses/{k}": v.detach() for k, v in losses.items()}
-    losses |= {"losses/clipfrac": torch.stack(clipfracs).mean()}
-    return {"loss": loss.detach(), **losses, "losses/explained_variance": explained}
+    stats = torch.stack(stats)
+    var_y = batch["returns"].var()
+    explained = 1 - (batch["returns"] - batch["values"]).var() / var_y
+    explained = torch.where(var_y > 0, explained, torch.nan)
+    return torch.cat([stats[-1, :5], stats[:, 5].mean().view(1), explained.view(1)])
 
 
 # ---------------------------------------------------------------- training
@@ -505,21 +533,23 @@ def train(args: Args) -> None:
     check_args(args)
     if args.eval_only:
         return eval_only(args)
-    game, sticky = atari_protocol(args.env_id)
-    protocol = resolve_protocol(args.protocol, args.env_id)
+    atari, protocol = atari_settings(asdict(args)), resolve_protocol(args.protocol, args.env_id)
     device = seed_and_pick_device(args)
     T, N = args.num_steps, args.num_envs
     # whole rollouts
     total = args.total_steps // (N * T) * N * T
-    atari = dict(game=game, sticky=sticky, max_frames=args.max_episode_frames)
-    atari |= dict(frame_stack=args.frame_stack, baselines=protocol == "baselines")
     envs = LifeProtocol(make_envs(N, **atari), atari["baselines"])
     agent = Agent(int(envs.vec.single_action_space.n), args.frame_stack, args.hidden_dim)
     agent = agent.to(device, memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # a tensor: no recompile as it anneals
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True)
     # the minibatch order's
     generator = torch.Generator().manual_seed(args.seed)
     global_step, iteration, horizon = restore(args, agent, optimizer, generator, total)
+    optimizer.param_groups[0]["lr"] = lr  # (a checkpoint's lr is replaced by the schedule's)
+    gammas = dict(gamma=args.gamma, gae_lambda=args.gae_lambda)
+    step = compiled(partial(ppo_step, agent, optimizer, args=args), args, device)
     ro = Rollout(T, N, args.seq_len, args.frame_stack, args.hidden_dim, device)
     # fresh games, also after a resume (detail 11)
     ro.restart(envs.reset(seed=args.seed + global_step), agent)
@@ -531,35 +561,22 @@ def train(args: Args) -> None:
         return checkpoint_state(agent, optimizer, iteration, horizon, generator)
 
     run_dir, resumed = run_dir_for(args, args.resume), args.resume is not None
-    about = dict(game=game, repeat_action_probability=sticky, protocol=protocol)
+    about = dict(game=atari["game"], repeat_action_probability=atari["sticky"], protocol=protocol)
     with RunLogger(
         args, run_dir, global_step, total, resumed, resolved_device=str(device), **about
     ) as log:
         while global_step < total and not stop:
             iteration += 1
-            lr = args.learning_rate
             # detail 9
-            if args.anneal_lr:
-                lr = args.learning_rate * (1.0 - global_step / horizon)
-            optimizer.param_groups[0]["lr"] = lr
+            rate = args.learning_rate * (1.0 - global_step / horizon if args.anneal_lr else 1.0)
+            lr.fill_(rate)
             global_step = collect(agent, envs, ro, global_step, log)
-            with torch.inference_mode():
-                starts = torch.from_numpy(envs.start).to(device)[None]
-                next_value = agent(ro.next_obs[None], ro.state, starts)[1][0]
-                rewards, terminals, truncations = torch.from_numpy(ro.flags[:3]).to(device)
-                advantages, returns = gae(
-                    rewards,
-                    ro.values,
-                    next_value,
-                    terminals,
-                    truncations,
-                    ro.trunc_values,
-                    args.gamma,
-                    args.gae_lambda,
-                )
-            losses = update(agent, optimizer, ro, advantages, returns, args, generator)
-            log.check_finite(losses.pop("loss"), global_step)
-            log.scalars(global_step, {"charts/learning_rate": lr, **losses})
+            rewards, terminals, cut = ro.host[:3].to(device, non_blocking=True)
+            A, R = gae(rewards, ro.values, ro.next_value, terminals, cut, ro.trunc_values, **gammas)
+            stats = update(step, ro, A, R, args, generator)
+            log.check_finite(stats[0], global_step)
+            losses = {"losses/" + k: v for k, v in zip(LOGGED, stats[1:].tolist())}
+            log.scalars(global_step, {"charts/learning_rate": rate, **losses})
             log.scalars(global_step, {"charts/SPS": log.sps(global_step)})
             log.end_iteration(global_step, stop, evaluate_policy, state)
         envs.vec.close()
@@ -574,23 +591,15 @@ def check_args(args: Args) -> None:
     values = {"--" + k.replace("_", "-"): getattr(args, k) for k in positive.split()}
     check_flags(args, [(v > 0, f"{k} must be positive, got {v}") for k, v in values.items()])
     T, N, L, M = args.num_steps, args.num_envs, args.seq_len, args.num_minibatches
-    seqs, rollout = N * T // L, N * T
-    rows = [
-        (0 <= v <= 1, f"--{k} must be in [0, 1], got {v}")
-        for k, v in {"gamma": args.gamma, "gae-lambda": args.gae_lambda}.items()
-    ]
+    seqs, rollout, gammas = N * T // L, N * T, {"gamma": args.gamma, "gae-lambda": args.gae_lambda}
+    rows = [(0 <= v <= 1, f"--{k} must be in [0, 1], got {v}") for k, v in gammas.items()]
+    split = f"{seqs} sequences per rollout (num_envs * num_steps / seq_len) do not split into"
+    enough = args.eval_only or args.total_steps >= rollout
+    short = f"less than one rollout (num_envs * num_steps = {rollout}); raise it"
     rows += [
         (T % L == 0, f"--seq-len {L} does not divide --num-steps {T}; pick a divisor of {T}"),
-        (
-            seqs % M == 0,
-            f"{seqs} sequences per rollout (num_envs * num_steps / seq_len) do not "
-            f"split into --num-minibatches {M}; choose a divisor of {seqs}",
-        ),
-        (
-            args.eval_only or args.total_steps >= rollout,
-            f"--total-steps {args.total_steps} is "
-            f"less than one rollout (num_envs * num_steps = {rollout}); raise it",
-        ),
+        (seqs % M == 0, f"{split} --num-minibatches {M}; choose a divisor of {seqs}"),
+        (enough, f"--total-steps {args.total_steps} is {short}"),
     ]
     check_flags(args, rows)
 
@@ -600,13 +609,13 @@ def not_atari(env_id: str, games: dict[str, str]) -> str:
     for pattern, _ in ATARI_IDS:
         # a game ale_py does not have
         if match := re.fullmatch(pattern, env_id):
-            close = difflib.get_close_matches(match.group(1), games, n=1)
-            hint = f"; did you mean {env_id.replace(match.group(1), close[0])}?" if close else ""
-            return f"unknown Atari game {match.group(1)!r} in {env_id!r}{hint}"
+            close = difflib.get_close_matches(match[1], games, n=1)
+            hint = f"; did you mean {env_id.replace(match[1], close[0])}?" if close else ""
+            return f"unknown Atari game {match[1]!r} in {env_id!r}{hint}"
     match = re.fullmatch(r"(?:ALE/)?(\w+?)(-ram)?(?:NoFrameskip|Deterministic)?-v\d+", env_id)
-    if match and match.group(1) in games:
-        what = "RAM observations are" if match.group(2) else "this frame-skip protocol is"
-        game = match.group(1)
+    if match and match[1] in games:
+        what = "RAM observations are" if match[2] else "this frame-skip protocol is"
+        game = match[1]
         return f"{env_id}: {what} not supported; use {game}NoFrameskip-v4 or ALE/{game}-v5"
     try:
         env = gym.make(env_id)
@@ -628,8 +637,7 @@ def checkpoint_state(agent: Agent, optimizer, iteration: int, horizon: int, gene
 
 
 def restore(args: Args, agent: Agent, optimizer, generator, total: int) -> tuple[int, int, int]:
-    """(global step, iteration, anneal horizon S) of a new run or of --resume's checkpoint, whose
-    network, optimizer and generators it loads; an annealed rate never runs past S (detail 9)."""
+    """(global step, iteration, anneal horizon S), loading --resume's checkpoint (detail 9)."""
     same = ("num_envs", "num_steps", "seq_len", "frame_stack", "hidden_dim", "protocol")
     ckpt = resume_checkpoint(args, same) if args.resume else None
     horizon, why = total, ""
@@ -658,16 +666,16 @@ def sample_actions(logits: torch.Tensor, generator: torch.Generator) -> np.ndarr
 
 @torch.inference_mode()
 def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=(), video_dir=None):
-    """Unclipped scores of full games of the sampled policy, game i seeded seed + i, the games the
-    frame limit cut and a video's score (detail 10); cut short once `stop` is true (a signal)."""
+    """Unclipped scores of full games of the sampled policy (detail 10), and the capped games."""
+    # game i seeded seed + i; cut short once `stop` is true (a signal)
     envs = LifeProtocol(make_envs(episodes, **atari), atari["baselines"])
     obs, generator = envs.reset(seed=seed), torch.Generator().manual_seed(seed)
     state, scores = agent.initial_state(episodes, device), np.zeros(episodes)
-    finished, capped = np.zeros(episodes, bool), np.zeros(episodes, bool)
+    finished, capped = np.zeros((2, episodes), bool)
     while not finished.all() and not stop:
         starts = torch.from_numpy(envs.start).to(device)[None]
         logits, _, state = agent(torch.from_numpy(obs).to(device)[None], state, starts)
-        _, obs, reward, ended, _, cut, _ = envs.step(sample_actions(logits[0], generator))
+        obs, reward, ended, _, cut, _ = envs.step(sample_actions(logits[0], generator))
         # games that ended keep running; ignore them
         scores += reward * ~finished
         capped |= cut & ~finished
@@ -681,15 +689,10 @@ def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=(
 
 @torch.inference_mode()
 def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) -> float:
-    """One game of the sampled policy rendered to mp4 (AtariVectorEnv cannot render), its frames
-    stacked as the vector env stacks them (zero padding), under training's protocol."""
-    env = AtariEnv(
-        game=atari["game"],
-        frameskip=1,
-        repeat_action_probability=atari["sticky"],
-        render_mode="rgb_array",
-        max_num_frames_per_episode=atari["max_frames"],
-    )
+    """One game of the sampled policy rendered to mp4 (AtariVectorEnv cannot render); its score."""
+    # frames stacked as the vector env stacks them (zero padding), under training's protocol
+    ale = dict(frameskip=1, repeat_action_probability=atari["sticky"], render_mode="rgb_array")
+    env = AtariEnv(atari["game"], max_num_frames_per_episode=atari["max_frames"], **ale)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, terminal_on_life_loss=False)
     env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)
     frame, info = env.reset(seed=seed)
@@ -718,12 +721,10 @@ def eval_only(args: Args) -> None:
     """Evaluate --checkpoint with its run's settings: it repeats the run's final evaluation."""
     ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
     # protocol auto: checkpoints from before --protocol
-    run, weights = {"protocol": "auto", **ckpt["args"]}, ckpt["agent"]
-    game, sticky = atari_protocol(ckpt["env_id"])
-    baselines = resolve_protocol(run["protocol"], ckpt["env_id"]) == "baselines"
+    weights = ckpt["agent"]
     frame_stack = weights["network.0.weight"].shape[1]
-    atari = dict(game=game, sticky=sticky, max_frames=run["max_episode_frames"])
-    atari |= dict(frame_stack=frame_stack, baselines=baselines)
+    run = {"protocol": "auto", **ckpt["args"], "frame_stack": frame_stack}
+    atari = atari_settings(run)
     agent = Agent(len(weights["actor.bias"]), frame_stack, weights["lstm.weight_hh_l0"].shape[1])
     agent.to(device, memory_format=torch.channels_last).load_state_dict(weights)
     video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None

@@ -20,14 +20,17 @@ Equations (paper, Algorithm 1; reference sac_learner.py):
     Q'_i   <- tau Q_i + (1 - tau) Q'_i after every critic step
 
 Implementation details:
-1. The ensemble is one module with stacked weights [num_qs, in, out]: one batched matrix product
-   (torch.baddbmm) per layer evaluates all critics. Each critic is Linear -> LayerNorm -> ReLU,
-   twice, then Linear -> 1; each LayerNorm has its own gain and bias per critic. Weights are
-   Xavier-uniform and biases zero, as the reference's flax layers. Batching is faster than ten
-   separate modules on a GPU and on small CPU networks (results/rlpd-measurements.md).
-2. The target's random subset (num_min_qs distinct critics out of num_qs, torch.randperm) is drawn
-   per critic update; the entropy term is part of the backup; the mask is 1 - terminated, so a
-   time-limit truncation keeps the bootstrap. The critic loss averages over critics and batch.
+1. The ensemble is one module (as the reference's vmapped one), each layer one tensor
+   [num_qs, in + 1 (+ 2), out]: the weight's rows, the bias, and in the hidden layers each critic's
+   own LayerNorm gain and shift. One batched matrix product (torch.baddbmm) a layer evaluates all
+   critics, one index a layer picks a subset, one torch._foreach_lerp_ updates every target. Each
+   critic is Linear -> LayerNorm -> ReLU, twice, then Linear -> 1; weights Xavier-uniform, biases
+   zero (reference). Faster than ten separate modules (results/rlpd-measurements.md). Checkpoints
+   of the older layout (a tensor for each weight, bias, gain and shift) are refused.
+2. The target's random subset (num_min_qs distinct critics out of num_qs: the first of a random
+   order) is drawn anew for each critic update, a round's all in one call; the entropy term is part
+   of the backup; the mask is 1 - terminated, so a time-limit truncation keeps the bootstrap. The
+   critic loss averages over critics and batch.
 3. The actor is a tanh-squashed Gaussian with state-dependent log std clipped to [-20, 2]
    (reference); log pi includes the tanh correction in its stable form. Actor and temperature
    losses use the ensemble mean (not the min); the temperature starts at 1.0 (learned, Adam like
@@ -36,6 +39,9 @@ Implementation details:
    and a target update on each, then one actor step and one temperature step on the last
    (reference `update`). The actor does not change during the critic steps, so the next actions of
    all of them are drawn in one actor pass: the same distribution as drawing them step by step.
+   Minibatches and observations reach a GPU through pinned memory without blocking; losses stay
+   on the device until logged; Adam is fused. `--compile` compiles the critic step and the
+   actor/temperature step (CUDA graphs on a GPU); off by default: not yet measured to win there.
 5. Symmetric sampling: each minibatch holds round(offline_ratio * batch_size) prior-data rows, the
    rest online replay (the reference interleaves the two halves; the order inside a minibatch is
    irrelevant). `--offline-ratio 0` uses no dataset: plain high-UTD ensemble SAC.
@@ -72,15 +78,11 @@ Usage: python algos/rlpd.py --env-id Pendulum-v1 --dataset-path DIR --total-step
 
 from __future__ import annotations
 
-import os
-
-# Set before torch loads: idle OpenMP threads then sleep instead of spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import copy
 import importlib.util
 import json
 import math
+import os
 import random
 import signal
 import time
@@ -117,6 +119,8 @@ class Args:
     """deterministic torch kernels"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto picks cuda when available"""
+    compile: bool = False
+    """torch.compile the updates (CUDA graphs on a GPU)"""
     exp_name: str = "rlpd"
     """experiment name, part of the default run directory"""
     run_dir: str | None = None
@@ -190,32 +194,33 @@ def scale_action(actions, low, high):
 
 # ---------------------------------------------------------------- networks
 class EnsembleCritic(nn.Module):
-    """num_qs critics Q_i(s, a) as stacked weights [num_qs, in, out] (detail 1)."""
+    # num_qs critics Q_i(s, a), each layer one tensor [num_qs, in + 1 (+ 2), out] (detail 1)
 
     def __init__(self, num_qs: int, in_dim: int, hidden_dim: int):
         super().__init__()
-        self.num_qs, dims = num_qs, [in_dim, hidden_dim, hidden_dim, 1]
-        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        self.num_qs, self.layers = num_qs, nn.ParameterList()
+        dims = [in_dim, hidden_dim, hidden_dim, 1]
         for i, o in zip(dims, dims[1:]):
-            # Xavier uniform, as the reference
+            # The weight Xavier-uniform, as the reference; the bias 0
             bound = math.sqrt(6.0 / (i + o))
-            self.weights.append(nn.Parameter(torch.empty(num_qs, i, o).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.zeros(num_qs, 1, o)))
-        shape = (num_qs, 1, hidden_dim)
-        self.ln_gains = nn.ParameterList([nn.Parameter(torch.ones(shape)) for _ in range(2)])
-        self.ln_biases = nn.ParameterList([nn.Parameter(torch.zeros(shape)) for _ in range(2)])
+            rows = [torch.empty(num_qs, i, o).uniform_(-bound, bound), torch.zeros(num_qs, 1, o)]
+            # A hidden layer: then LayerNorm's gain 1 and shift 0
+            if len(self.layers) < 2:
+                rows += [torch.ones(num_qs, 1, o), torch.zeros(num_qs, 1, o)]
+            self.layers.append(nn.Parameter(torch.cat(rows, 1)))
 
     def forward(self, obs, actions, members: torch.Tensor | None = None) -> torch.Tensor:
-        """Q_i(s, a) [num_qs, B] of every critic, or [len(members), B] of `members` only."""
-        pick = slice(None) if members is None else members
-        x = torch.cat([obs, actions], -1)
-        x = x.expand(self.num_qs if members is None else len(members), *x.shape)
-        for layer, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(b[pick], x, w[pick])
-            # Each critic normalises its own features, with its own gain and bias
-            if layer < 2:
-                x = F.layer_norm(x, x.shape[-1:])
-                x = F.relu(x * self.ln_gains[layer][pick] + self.ln_biases[layer][pick])
+        # Q_i(s, a) [num_qs, B] of every critic, or [len(members), B] of `members` only (a subset
+        # costs one index a layer)
+        layers = [p if members is None else p[members] for p in self.layers]
+        x = torch.cat([obs, actions], -1).expand(len(layers[0]), -1, -1)
+        for p in layers:
+            # Rows: the weight [in, out], the bias, then in a hidden layer LayerNorm's gain and shift
+            w, b, *norm = p.split([x.shape[-1]] + [1] * (p.shape[1] - x.shape[-1]), 1)
+            x = torch.baddbmm(b, x, w)
+            # Each critic normalises its own features, with its own gain and shift
+            if norm:
+                x = F.relu(F.layer_norm(x, x.shape[-1:]) * norm[0] + norm[1])
         return x.squeeze(-1)
 
 
@@ -236,10 +241,11 @@ class Actor(nn.Module):
         h = self.trunk(obs)
         return self.mean(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised actions a = tanh(x), x ~ N(mean, std), and log pi(a|s)."""
+    def sample(self, obs, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
+        # Reparameterised a = tanh(x), x = mean + std * noise (noise ~ N(0, I) drawn here if not
+        # given), and log pi(a|s)
         mean, log_std = self(obs)
-        x = mean + log_std.exp() * torch.randn_like(mean)
+        x = mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
         return torch.tanh(x), tanh_gaussian_log_prob(x, mean, log_std)
 
 
@@ -264,18 +270,11 @@ def tanh_gaussian_log_prob(x, mean, log_std) -> torch.Tensor:
 
 # y is a constant of the critic loss: no gradient flows into the target critics or the actor.
 @torch.no_grad()
-def soft_q_target(target_critic, batch, next_actions, next_log_prob, alpha, gamma, num_min_qs):
-    # y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')), Z a fresh
-    # random subset of num_min_qs distinct target critics (detail 2).
-    members = torch.randperm(target_critic.num_qs, device=next_actions.device)[:num_min_qs]
+def soft_q_target(target_critic, batch, next_actions, next_log_prob, members, alpha, gamma):
+    # y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')), Z the
+    # target critics `members` (detail 2).
     next_q = target_critic(batch["next_obs"], next_actions, members).min(0).values
     return batch["rewards"] + gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_log_prob)
-
-
-@torch.no_grad()
-def soft_update(target, source, tau):
-    for tp, sp in zip(target.parameters(), source.parameters()):
-        tp.lerp_(sp, tau)
 
 
 def gradient_step(optimizer, loss):
@@ -284,31 +283,56 @@ def gradient_step(optimizer, loss):
     optimizer.step()
 
 
-def update(agent, optimizers, batches, gamma, tau, num_min_qs, target_entropy) -> dict:
-    # One update round (detail 4) on minibatches [utd, batch, ...]: a critic step and a target
-    # update on each, then one actor and one temperature step on the last. Returns the losses.
-    alpha = agent.log_alpha.exp().detach()
-    # The actor is fixed during the critic steps: all a' in one pass
+def critic_step(agent, optimizer, batch, next_actions, next_log_prob, members, alpha, gamma, tau):
+    # A critic step on L_Q, then Q'_i <- tau Q_i + (1 - tau) Q'_i; returns L_Q and the mean Q.
+    y = soft_q_target(
+        agent.target_critic, batch, next_actions, next_log_prob, members, alpha, gamma
+    )
+    q = agent.critic(batch["obs"], batch["actions"])
+    critic_loss = ((q - y) ** 2).mean()
+    gradient_step(optimizer, critic_loss)
     with torch.no_grad():
-        next_actions, next_log_prob = agent.actor.sample(batches["next_obs"])
-    for i in range(len(next_actions)):
-        batch = {k: v[i] for k, v in batches.items()}
-        y = soft_q_target(
-            agent.target_critic, batch, next_actions[i], next_log_prob[i], alpha, gamma, num_min_qs
-        )
-        q = agent.critic(batch["obs"], batch["actions"])
-        critic_loss = ((q - y) ** 2).mean()
-        gradient_step(optimizers["critic"], critic_loss)
-        soft_update(agent.target_critic, agent.critic, tau)
-    actions, log_prob = agent.actor.sample(batch["obs"])
-    actor_loss = (alpha * log_prob - agent.critic(batch["obs"], actions).mean(0)).mean()
-    # This loss also leaves gradients on the critics; the next critic step's zero_grad clears them.
+        torch._foreach_lerp_([*agent.target_critic.layers], [*agent.critic.layers], tau)
+    return torch.stack([critic_loss, q.mean()]).detach()
+
+
+def actor_step(agent, optimizers, obs, noise, alpha, target_entropy):
+    # A step on L_pi, then one on L_alpha; returns both and the entropy.
+    actions, log_prob = agent.actor.sample(obs, noise)
+    actor_loss = (alpha * log_prob - agent.critic(obs, actions).mean(0)).mean()
+    # This loss also reaches the critics: their gradients, stale by now (and under CUDA graphs in
+    # memory that later graphs reuse), are cleared first; the next critic step clears them again.
+    optimizers["critic"].zero_grad()
     gradient_step(optimizers["actor"], actor_loss)
     entropy = -log_prob.detach().mean()
     alpha_loss = agent.log_alpha.exp() * (entropy - target_entropy)
     gradient_step(optimizers["alpha"], alpha_loss)
-    losses = dict(critic_loss=critic_loss, q_values=q.mean(), actor_loss=actor_loss, alpha=alpha)
-    return {k: v.detach() for k, v in dict(losses, alpha_loss=alpha_loss, entropy=entropy).items()}
+    return torch.stack([actor_loss, alpha_loss, entropy]).detach()
+
+
+def update(agent, optimizers, batches, gamma, tau, num_min_qs, target_entropy, steps=None) -> dict:
+    # One update round (detail 4) on minibatches [utd, batch, ...]: a critic step and a target
+    # update on each, then one actor and one temperature step on the last. Returns the losses.
+    # `steps`: critic_step and actor_step, compiled with --compile.
+    critic, actor = steps or (critic_step, actor_step)
+    utd, alpha = len(batches["rewards"]), agent.log_alpha.exp().detach()
+    # Random draws stay outside the compiled steps. Each step's Z, num_min_qs distinct critics:
+    # the first of a random order, for all steps in one call.
+    members = torch.rand(utd, agent.critic.num_qs, device=alpha.device).argsort(1)[:, :num_min_qs]
+    # The actor is fixed during the critic steps: all a' in one pass
+    with torch.no_grad():
+        next_actions, next_log_prob = agent.actor.sample(batches["next_obs"])
+    for i in range(utd):
+        batch = {k: v[i] for k, v in batches.items()}
+        # CUDA graphs reuse a step's outputs in the next: clone what is kept
+        torch.compiler.cudagraph_mark_step_begin()
+        inputs = (batch, next_actions[i], next_log_prob[i], members[i], alpha, gamma, tau)
+        critic_losses = critic(agent, optimizers["critic"], *inputs).clone()
+    torch.compiler.cudagraph_mark_step_begin()
+    noise = torch.randn_like(batch["actions"])
+    actor_losses = actor(agent, optimizers, batch["obs"], noise, alpha, target_entropy)
+    losses = torch.cat([critic_losses, actor_losses, alpha[None]])
+    return dict(zip("critic_loss q_values actor_loss alpha_loss entropy alpha".split(), losses))
 
 
 class ReplayBuffer:
@@ -346,8 +370,14 @@ def sample_mixed(offline, online, utd, batch_size, offline_ratio, rng, device) -
     n_offline = round(offline_ratio * batch_size)
     sources = ((offline, n_offline), (online, batch_size - n_offline))
     parts = [buffer.sample((utd, n), rng) for buffer, n in sources if n > 0]
-    batches = {k: np.concatenate([p[k] for p in parts], axis=1) for k in ReplayBuffer.FIELDS}
-    return {k: torch.as_tensor(v, device=device) for k, v in batches.items()}
+    return {k: to_device(np.concatenate([p[k] for p in parts], 1), device) for k in parts[0]}
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    # float32, through pinned memory on a GPU: the copy does not wait for the device (the caching
+    # host allocator keeps the pinned block until the copy is done)
+    x = torch.from_numpy(array).float()
+    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)
 
 
 def step_and_store(envs, buffer, obs, actions, autoreset):
@@ -366,16 +396,15 @@ def train(args: Args) -> None:
     if args.eval_only:
         return eval_only(args)
     device = seed_and_pick_device(args)
-    rng = np.random.default_rng(args.seed)  # replay sampling and the first random actions
+    # numpy draws the replay samples and the first random actions
+    rng = np.random.default_rng(args.seed)
     envs = make_envs(args.env_id, args.num_envs)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     act_dim = envs.single_action_space.shape[0]
     agent = Agent(obs_dim, act_dim, args.hidden_dim, args.num_qs, args.init_temperature).to(device)
-    optimizers = {
-        "actor": torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate),
-        "critic": torch.optim.Adam(agent.critic.parameters(), lr=args.learning_rate),
-        "alpha": torch.optim.Adam([agent.log_alpha], lr=args.learning_rate),
-    }
+    adam = partial(torch.optim.Adam, lr=args.learning_rate, fused=True)
+    optimizers = {"actor": adam(agent.actor.parameters()), "alpha": adam([agent.log_alpha])}
+    optimizers["critic"] = adam(agent.critic.parameters())
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     global_step, num_updates, pretrain_done, offline = restore(
         args, agent, optimizers, buffer, rng, envs
@@ -383,12 +412,14 @@ def train(args: Args) -> None:
     obs, _ = envs.reset(seed=args.seed + global_step)
     hyper = dict(gamma=args.gamma, tau=args.tau, num_min_qs=args.num_min_qs)
     hyper["target_entropy"] = -act_dim / 2 if args.target_entropy is None else args.target_entropy
+    hyper["steps"] = [compiled(step, args, device) for step in (critic_step, actor_step)]
     sample = partial(
         sample_mixed, offline, buffer, args.utd_ratio, args.batch_size, rng=rng, device=device
     )
     evaluate_policy = partial(evaluate, agent.actor, args, device)
 
-    def state() -> dict:  # called when saving: the counters as they are then
+    # Called when saving: the counters as they are then
+    def state() -> dict:
         return checkpoint_state(agent, optimizers, buffer, offline, num_updates, pretrain_done, rng)
 
     prior_size = offline.size if offline else 0
@@ -415,8 +446,7 @@ def train(args: Args) -> None:
                 actions = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
             else:
                 with torch.inference_mode():
-                    obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
-                    actions = agent.actor.sample(obs_tensor)[0].cpu().numpy()
+                    actions = agent.actor.sample(to_device(obs, device))[0].cpu().numpy()
             next_obs, rewards, dones = step_and_store(envs, buffer, obs, actions, autoreset)
             ep_return += rewards * ~autoreset
             ep_length += ~autoreset
@@ -562,7 +592,7 @@ def restore(args: Args, agent, optimizers, buffer, rng, envs):
         return 0, 0, 0, ReplayBuffer.holding(data)
     data_flags = ("dataset_id", "dataset_path", "offline_ratio", "pretrain_steps")
     ckpt = resume_checkpoint(args, data_flags + ("hidden_dim", "num_qs", "num_envs", "buffer_size"))
-    agent.load_state_dict(ckpt["agent"])
+    load_agent(agent, ckpt, args.resume)
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(ckpt["optimizers"][name])
     replay = ckpt["replay_buffer"]
@@ -574,6 +604,15 @@ def restore(args: Args, agent, optimizers, buffer, rng, envs):
     return ckpt["global_step"], ckpt["num_updates"], ckpt["pretrain_done"], offline
 
 
+def load_agent(agent, ckpt, path) -> None:
+    # The older layout: critic.weights, .biases, .ln_gains and .ln_biases, a tensor each
+    if "critic.layers.0" not in ckpt["agent"]:
+        raise fail(
+            f"checkpoint {path} has the critics' older layout; use the rlpd.py that wrote it"
+        )
+    agent.load_state_dict(ckpt["agent"])
+
+
 def log_losses(log, prefix, step, losses, due) -> None:
     # Stop on a non-finite loss (pretraining counts as step 0); log prefix/* when due.
     log.check_finite(torch.stack(list(losses.values())), max(step, 0))
@@ -582,7 +621,7 @@ def log_losses(log, prefix, step, losses, due) -> None:
 
 
 def evaluate(actor: Actor, args: Args, device, video_dir: Path | None = None) -> list[float]:
-    """Deterministic returns, a = tanh(mean), of episodes seeded seed + 10_000 + i (detail 11)."""
+    # Deterministic returns, a = tanh(mean), of episodes seeded seed + 10_000 + i (detail 11)
     env = make_env(args.env_id, render_mode="rgb_array" if video_dir else None)
     if video_dir:
         env = gym.wrappers.RecordVideo(
@@ -595,7 +634,7 @@ def evaluate(actor: Actor, args: Args, device, video_dir: Path | None = None) ->
         done, total = False, 0.0
         while not done:
             with torch.inference_mode():
-                mean, _ = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+                mean, _ = actor(to_device(obs[None], device))
             action = scale_action(torch.tanh(mean[0]).cpu().numpy(), low, high)
             obs, reward, terminated, truncated, _ = env.step(action)
             total, done = total + float(reward), terminated or truncated
@@ -605,13 +644,13 @@ def evaluate(actor: Actor, args: Args, device, video_dir: Path | None = None) ->
 
 
 def eval_only(args: Args) -> None:
-    """Evaluate --checkpoint with its own env, network and seed: it repeats the final evaluation."""
+    # Evaluate --checkpoint with its own env, network and seed: it repeats the final evaluation
     ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
     env = make_env(ckpt["env_id"])
     obs_dim, act_dim = int(np.prod(env.observation_space.shape)), env.action_space.shape[0]
     env.close()
     agent = Agent(obs_dim, act_dim, ckpt["args"]["hidden_dim"], ckpt["args"]["num_qs"])
-    agent.load_state_dict(ckpt["agent"])
+    load_agent(agent, ckpt, args.checkpoint)
     video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
     run_args = replace(args, env_id=ckpt["env_id"], seed=ckpt["args"]["seed"])
     write_eval_only(args, ckpt, evaluate(agent.actor.to(device), run_args, device, video_dir))

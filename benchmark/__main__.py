@@ -10,6 +10,7 @@
 - sizes: each algorithm file's size against its CleanRL counterpart and its budgets.
 - dqn-memory: dqn_atari's replay memory at a given capacity.
 - ensemble-speed: rlpd.py's batched critic ensemble against separate critics.
+- speed: each algorithm file's steady-state steps/s, eager and compiled, optionally against a commit.
 """
 
 from __future__ import annotations
@@ -237,6 +238,36 @@ class EnsembleSpeed:
     threads: int = 1
     """Torch CPU threads (the zoo's runs use one)."""
     script: Path = Path("algos/rlpd.py")
+
+
+@dataclass
+class Speed:
+    """Steady-state env steps/s of each algorithm file (or those named) at a fixed short run on one
+    device, eager and compiled, optionally beside the files at another commit (a temporary
+    worktree), alternating A B A B; prints each run, then per file and mode the median steps/s,
+    A/B and compiled/eager. How the rate leaves out start-up and compilation:
+    benchmark/speed.py."""
+
+    files: tuple[str, ...] = ()
+    """Only these files (stems such as ppo_atari; default: all eight)."""
+    device: str = "cpu"
+    """cpu, cuda or cuda:N, passed to each file's --device."""
+    steps: float = 1.0
+    """Multiply each file's measured steps (the warm-up before them stays)."""
+    compile: Literal["off", "on", "both"] = "both"
+    """Eager runs, --compile runs, or both."""
+    against: str | None = None
+    """B: the same runs with the files as they were at this commit (A: the working tree)."""
+    repeats: int = 2
+    """Rounds; in each, per file and mode, A then B. The table gives the medians."""
+    threads: int | None = None
+    """Set OMP_NUM_THREADS for the runs (default: the environment's, passed through)."""
+    budget_s: float = 570.0
+    """Start no run, and stop a running one, once this many seconds have passed (one call fits a
+    10-minute window); rounds are the outer loop, so the first round of every file comes first."""
+    out: Path | None = None
+    """Also write every run's numbers and the table to this JSON file."""
+    algos_dir: Path = Path("algos")
 
 
 def _matches(value: str, patterns: tuple[str, ...]) -> bool:
@@ -545,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": Sizes,
             "dqn-memory": DqnMemory,
             "ensemble-speed": EnsembleSpeed,
+            "speed": Speed,
         },
         prog="python -m benchmark",
         args=argv,
@@ -580,6 +612,21 @@ def main(argv: list[str] | None = None) -> int:
                 command.script,
             )
             return 0
+        if isinstance(command, Speed):
+            from . import speed  # tensorboard only for this subcommand
+
+            options = speed.Options(
+                command.device, command.steps, command.threads, command.budget_s
+            )
+            return speed.measure(
+                command.files,
+                command.compile,
+                command.against,
+                command.repeats,
+                options,
+                command.algos_dir,
+                command.out,
+            )
         update_readme(
             command.readme,
             command.results_dir,

@@ -31,22 +31,31 @@ def load_rlpd(path: Path) -> ModuleType:
 
 
 def separate_copies(ensemble: nn.Module) -> list[nn.Sequential]:
-    """The members of a batched EnsembleCritic as ordinary modules with the same weights."""
+    """The members of a batched EnsembleCritic as ordinary modules with the same weights. Each of
+    its layers is one tensor [num_qs, in + 1 (+ 2), out]: the weight's rows, the bias, then in a
+    hidden layer LayerNorm's gain and shift."""
     critics = []
     for i in range(ensemble.num_qs):
         layers: list[nn.Module] = []
-        for layer, (w, b) in enumerate(zip(ensemble.weights, ensemble.biases)):
-            linear = nn.Linear(w.shape[1], w.shape[2], device=w.device)
-            linear.weight.data.copy_(w[i].T)
-            linear.bias.data.copy_(b[i, 0])
+        for layer, p in enumerate(ensemble.layers):
+            hidden = layer < len(ensemble.layers) - 1
+            fan_in, fan_out = p.shape[1] - (3 if hidden else 1), p.shape[2]
+            linear = nn.Linear(fan_in, fan_out, device=p.device)
+            linear.weight.data.copy_(p[i, :fan_in].T)
+            linear.bias.data.copy_(p[i, fan_in])
             layers.append(linear)
-            if layer < 2:
-                norm = nn.LayerNorm(w.shape[2], device=w.device)
-                norm.weight.data.copy_(ensemble.ln_gains[layer][i, 0])
-                norm.bias.data.copy_(ensemble.ln_biases[layer][i, 0])
+            if hidden:
+                norm = nn.LayerNorm(fan_out, device=p.device)
+                norm.weight.data.copy_(p[i, fan_in + 1])
+                norm.bias.data.copy_(p[i, fan_in + 2])
                 layers += [norm, nn.ReLU()]
         critics.append(nn.Sequential(*layers))
     return critics
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
 def make_steps(
@@ -96,11 +105,12 @@ def make_steps(
 
     def batched() -> None:
         with torch.no_grad():
+            pair = torch.rand(num_qs, device=device).argsort()[:2]
             y = rlpd.soft_q_target(
-                target, batch_dict, next_act, zeros, torch.tensor(alpha, device=device), gamma, 2
+                target, batch_dict, next_act, zeros, pair, torch.tensor(alpha, device=device), gamma
             )
         rlpd.gradient_step(optimizer, ((critic(obs, act) - y) ** 2).mean())
-        rlpd.soft_update(target, critic, tau)
+        soft_update(target, critic, tau)
 
     def separate() -> None:
         with torch.no_grad():
@@ -112,7 +122,7 @@ def make_steps(
         loss = torch.stack([((m(x).squeeze(-1) - y) ** 2).mean() for m in members]).mean()
         rlpd.gradient_step(member_optimizer, loss)
         for member, member_target in zip(members, targets):
-            rlpd.soft_update(member_target, member, tau)
+            soft_update(member_target, member, tau)
 
     return batched, separate
 

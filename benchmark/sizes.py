@@ -28,13 +28,15 @@ COUNTERPARTS = {
     "rlpd.py": ("sac_continuous_action.py", 11_828),
 }
 # Budgets as multiples of the counterpart's code characters: (whole file, algorithm section).
-# appo.py carries V-trace and the actor processes that CleanRL's ppo.py has not.
-RATIO_LIMITS = {"appo.py": (2.4, 2.0)}
+# appo.py carries V-trace, the actor processes and value normalisation that CleanRL's ppo.py has not.
+RATIO_LIMITS = {"appo.py": (2.5, 2.0)}
 DEFAULT_RATIO_LIMITS = (2.0, 1.6)
 DOCSTRING_LINES, TRAIN_LINES = 110, 70
 # The run harness, formatted like the rest, blank lines included. Its earlier text was 219 lines
 # as written and 327 once formatted at 100 columns; 180 was asked of the 219 (82%). Formatted,
-# with every feature kept (W&B, eval-only output, the resume checks), it is held at 232 (71%).
+# with every feature kept (W&B, eval-only output, the resume checks), it was held at 232 (71%);
+# --compile's compiled() and a non-finite check that does not wait for a GPU at every update
+# brought it to 249.
 HARNESS_LINES = 249
 
 

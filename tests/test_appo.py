@@ -12,10 +12,12 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -197,14 +199,15 @@ def test_gae_hand_computed():
 
 def test_clipped_loss_hand_computed():
     """pi = (0.5, 0.5) everywhere. Samples: mu(a) = 0.25 (ratio 2, clipped to 1.2) with A = +1 and -1, and
-    mu(a) = 1 (ratio 0.5, clipped to 0.8) with A = +1 and -1."""
-    logits = torch.zeros(4, 2, requires_grad=True)
-    actions = torch.tensor([0, 1, 0, 1])
-    logp_mu = torch.log(torch.tensor([0.25, 0.25, 1.0, 1.0]))
-    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
-    value, v_s = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2.0, 2.0, 1.0, 4.0])
+    mu(a) = 1 (ratio 0.5, clipped to 0.8) with A = +1 and -1; a fifth of weight 0 (padding) changes nothing."""
+    logits = torch.zeros(5, 2, requires_grad=True)
+    actions = torch.tensor([0, 1, 0, 1, 0])
+    logp_mu = torch.log(torch.tensor([0.25, 0.25, 1.0, 1.0, 0.01]))
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 100.0])
+    value, v_s = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0]), torch.tensor([2.0, 2.0, 1.0, 4.0, 100.0])
+    w = torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0])
     loss, stats = appo.appo_loss(
-        logits, value, actions, logp_mu, adv, v_s, clip_coef=0.2, ent_coef=0.1, vf_coef=0.5
+        logits, value, actions, logp_mu, adv, v_s, w, clip_coef=0.2, ent_coef=0.1, vf_coef=0.5
     )
     surrogate = [
         min(2 * 1, 1.2 * 1),
@@ -224,31 +227,44 @@ def test_clipped_loss_hand_computed():
     # Clipped terms pass no gradient (and the entropy's is 0 at the uniform policy): only samples 1 and 2 move pi.
     assert logits.grad[0].abs().max() < 1e-8 and logits.grad[3].abs().max() < 1e-8
     assert logits.grad[1].abs().min() > 1e-3 and logits.grad[2].abs().min() > 1e-3
+    assert logits.grad[4].abs().max() == 0
 
 
 @pytest.mark.parametrize("ent_coef", [0.0, 0.05])
 def test_update_equals_the_plain_minibatch_loop(ent_coef):
-    """update()'s cheaper ops (one permutation per epoch, log_softmax, the entropy differentiated only when used,
-    foreach clipping, fused Adam) train as the plain loop: a randperm index per minibatch, torch.distributions,
-    nn.utils.clip_grad_norm_ per network, Adam's default loop; the same draws, the same weights."""
+    """update()'s layout (the valid rows first in a random order, minibatches of fixed size, the last
+    padded with invalid rows of weight 0, every epoch gathered at once) and learn_step's cheaper ops
+    (log_softmax, the entropy differentiated only when used, foreach clipping, fused Adam) train as the
+    plain loop over the valid rows alone: the same order cut into minibatches of 32 rows and a last,
+    smaller one, torch.distributions, nn.utils.clip_grad_norm_ per network, Adam's default loop."""
     from torch.distributions import Categorical
 
     torch.manual_seed(0)
     ours = appo.Agent(4, 3, 16)
     ref = appo.Agent(4, 3, 16)
     ref.load_state_dict(ours.state_dict())
-    n, args = 100, appo.Args(update_epochs=3, num_minibatches=4, ent_coef=ent_coef, clip_coef=0.2)
+    size, args = (
+        128,
+        appo.Args(update_epochs=3, num_minibatches=4, ent_coef=ent_coef, clip_coef=0.2),
+    )
+    valid = torch.rand(size) < 0.7
+    n = int(valid.sum())
+    assert 64 < n < 96 and n % 32  # two full minibatches of 32 valid rows, then a partial one
     batch = {
-        "obs": torch.randn(n, 4),
-        "actions": torch.randint(0, 3, (n,)),
-        "logp_mu": -1 - torch.rand(n),
-        "advantages": 5 * torch.randn(n),
-        "v_s": 10 * torch.randn(n),
+        "obs": torch.randn(size, 4),
+        "actions": torch.randint(0, 3, (size,)),
+        "logp_mu": -1 - torch.rand(size),
+        "advantages": 5 * torch.randn(size),
+        "v_s": 10 * torch.randn(size),
+        "valid": valid.float(),
     }  # large: the clipping acts
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-5, foreach=False)
     torch.manual_seed(1)
-    for _ in range(args.update_epochs):
-        for mb in torch.randperm(n).tensor_split(args.num_minibatches):
+    orders = (torch.rand(args.update_epochs, size) - batch["valid"]).argsort()
+    for order in orders:
+        rows = order[:n]
+        assert valid[rows].all() and sorted(rows.tolist()) == valid.nonzero().flatten().tolist()
+        for mb in rows.split(size // args.num_minibatches):
             logits, value = ref(batch["obs"][mb])
             dist = Categorical(logits=logits)
             ratio = (dist.log_prob(batch["actions"][mb]) - batch["logp_mu"][mb]).exp()
@@ -268,9 +284,9 @@ def test_update_equals_the_plain_minibatch_loop(ent_coef):
             torch.nn.utils.clip_grad_norm_(ref.critic.parameters(), appo.MAX_GRAD_NORM)
             ref_opt.step()
     torch.manual_seed(1)
-    appo.update(
-        ours, torch.optim.Adam(ours.parameters(), lr=1e-2, eps=1e-5, fused=True), batch, args
-    )
+    lr = torch.tensor(1e-2)
+    opt = torch.optim.Adam(ours.parameters(), lr=lr, eps=1e-5, fused=True)
+    appo.update(partial(appo.learn_step, ours, opt, args), batch, n, args)
     for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
@@ -319,6 +335,52 @@ class CountingAgent:
     def actor(self, x):
         return torch.zeros(*x.shape[:-1], 2)
 
+    def scale(self):  # V in the return's units already
+        return torch.tensor(0.0), torch.tensor(1.0)
+
+
+def test_merge_moments_equals_the_moments_of_all_rows_so_far():
+    g = torch.Generator().manual_seed(0)
+    moments, seen = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), []
+    for n in (5, 1, 12):
+        x = torch.randn(n, generator=g, dtype=torch.float64) * 7 + 3
+        w = (torch.rand(n, generator=g) < 0.7).double()
+        w[0] = 1.0  # at least one row
+        moments = appo.merge_moments(moments, x, w)
+        seen.append(x[w.bool()])
+        everything = torch.cat(seen).numpy()
+        expected = [len(everything), everything.mean(), everything.var()]
+        np.testing.assert_allclose(moments.numpy(), expected, rtol=1e-12)
+
+
+def test_norm_values_trains_the_critic_on_standardised_targets():
+    """V-trace reads V in the return's units (mean + std * critic); the critic's targets are v_s
+    standardised by the moments of every target so far, the new ones included."""
+    torch.manual_seed(0)
+    agent, T, N = appo.Agent(2, 2, 8), 5, 3
+    agent.moments.copy_(torch.tensor([40.0, 20.0, 9.0], dtype=torch.float64))
+    rollout = appo.new_rollout(T, N, 2)
+    rollout["obs"].normal_()
+    rollout["rewards"].uniform_(0, 10)
+    rollout["valid"][:] = True
+    rollout["valid"][2, 1] = False
+    rollout["logprobs"][:] = math.log(0.5)
+    with torch.no_grad():
+        logits, out = agent(rollout["obs"])
+    V = 20.0 + 3.0 * out
+    log_pi = logits[:-1].log_softmax(-1).gather(-1, rollout["actions"].unsqueeze(-1)).squeeze(-1)
+    steps = [rollout[k] for k in ("rewards",)] + [V[:-1], V[1:]]
+    steps += [rollout["terminated"], rollout["dones"], 0.9]
+    v_s, _ = appo.vtrace(log_pi - rollout["logprobs"], *steps, lam=0.95)
+    batch, _ = appo.prepare_batch(agent, rollout, appo.Args(gamma=0.9, lam=0.95))
+    valid = rollout["valid"]
+    new = v_s[valid].double()
+    count, mean = 40 + len(new), (40 * 20.0 + new.sum()) / (40 + len(new))
+    var = (40 * (9.0 + 20.0**2) + (new**2).sum()) / count - mean**2
+    np.testing.assert_allclose(agent.moments.numpy(), [count, mean, var], rtol=1e-6)
+    expected = ((v_s.double() - mean) / (var + 1e-8).sqrt()).float()
+    torch.testing.assert_close(batch["v_s"][valid.flatten()], expected[valid])
+
 
 def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     collector, T, N, gamma = appo.Collector("AppoCounter-v0", 3, seed=0), 30, 3, 0.5
@@ -343,9 +405,11 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     assert truncated.any() and (t_next[truncated] == 3).all() and (horizon[truncated] == 4).all()
     assert torch.allclose(rollout["logprobs"], torch.full((T, N), math.log(0.5)))
 
-    args = appo.Args(gamma=gamma, lam=1.0)
+    args = appo.Args(gamma=gamma, lam=1.0, norm_values=False)
     batch, ratio = appo.prepare_batch(agent, rollout, args)
     assert ratio.item() == pytest.approx(1.0)
+    flat = valid.flatten()
+    torch.testing.assert_close(batch["valid"], flat.float())
     V = 10 * obs[..., 0] + obs[..., 1]
     v_s, _ = appo.vtrace(
         torch.zeros(T, N),
@@ -356,7 +420,7 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
         rollout["dones"],
         gamma,
     )
-    torch.testing.assert_close(batch["v_s"], v_s[valid])
+    torch.testing.assert_close(batch["v_s"][flat], v_s[valid])
     torch.testing.assert_close(
         v_s[term], torch.ones(int(term.sum()))
     )  # termination: the reward alone
@@ -365,14 +429,19 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     )  # V(real final obs)
     last = ~dones[-1] & valid[-1]  # the rollout's last row bootstraps from x_T
     torch.testing.assert_close(v_s[-1][last], 1 + gamma * V[-1][last])
-    assert len(batch["obs"]) == int(valid.sum()) < T * N
+    assert len(batch["obs"]) == T * N > int(valid.sum())
+    torch.testing.assert_close(batch["obs"][flat], obs[:-1][valid])
 
-    args = appo.Args(gamma=gamma, lam=0.7, vtrace=False)
+    args = appo.Args(gamma=gamma, lam=0.7, vtrace=False, norm_values=False)
     batch, _ = appo.prepare_batch(agent, rollout, args)
     gae = appo.gae(
         rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma, 0.7
     )
-    torch.testing.assert_close(batch["v_s"], (gae + V[:-1])[valid])
+    torch.testing.assert_close(batch["v_s"][flat], (gae + V[:-1])[valid])
+    # the advantages normalised over the valid rows alone, as the valid rows picked out first
+    torch.testing.assert_close(
+        batch["advantages"][flat], (gae[valid] - gae[valid].mean()) / (gae[valid].std() + 1e-8)
+    )
 
 
 def test_finished_episodes_carry_over_rollouts():
@@ -445,6 +514,23 @@ def test_resume_equals_uninterrupted_run_and_seeds_decide(tmp_path, restore_sign
     )
 
 
+def test_resume_reads_a_checkpoint_with_a_float_learning_rate(tmp_path, restore_signals):
+    """Checkpoints written before the tensor learning rate hold a float in Adam's group: a resume
+    reads them and trains as from the new layout (the same weights), with the run's tensor rate."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    run(new, total_steps=256, schedule_steps=512)
+    shutil.copytree(new, old)
+    ckpt = load(old)
+    group = ckpt["optimizer"]["param_groups"][0]
+    group["lr"] = float(group["lr"])
+    torch.save(ckpt, old / "checkpoints" / "latest.pt")
+    for run_dir in (new, old):
+        run(run_dir, total_steps=512, resume=str(run_dir / "checkpoints" / "latest.pt"))
+    a, b = load(new), load(old)
+    assert all(torch.equal(a["agent"][k], b["agent"][k]) for k in a["agent"])
+    assert isinstance(b["optimizer"]["param_groups"][0]["lr"], torch.Tensor)
+
+
 def test_nonfinite_loss_stops_in_one_line(tmp_path, restore_signals, monkeypatch):
     real = appo.appo_loss
 
@@ -478,9 +564,9 @@ def test_pg_rho_bar_truncates_only_the_policy_advantage():
     rollout["valid"][:] = True
     rollout["logprobs"] = torch.log(torch.rand(T, N, generator=g))  # pi = 0.5: ratios 0.5 to large
     adv = {
-        bar: appo.prepare_batch(agent, rollout, appo.Args(rho_bar=4.0, pg_rho_bar=bar))[0][
-            "advantages"
-        ]
+        bar: appo.prepare_batch(
+            agent, rollout, appo.Args(rho_bar=4.0, pg_rho_bar=bar, norm_values=False)
+        )[0]["advantages"]
         for bar in (1.0, 4.0)
     }
     assert not torch.allclose(adv[1.0], adv[4.0])
@@ -513,9 +599,9 @@ def test_resume_keeps_the_lr_schedule_and_refuses_to_run_past_it(tmp_path, resto
     run(run_dir, total_steps=1280, resume=ckpt, anneal_lr=False)
     lrs = scalars(run_dir, "charts/learning_rate")
     assert [step for step, _ in lrs] == list(range(128, 1281, 128))
-    assert lrs[3][1] == pytest.approx(1e-3 * (1 - 384 / 512))  # the first run's schedule
-    assert lrs[4][1] == pytest.approx(1e-3 * (1 - 512 / 1024))  # re-planned at the resume
-    assert lrs[8][1] == lrs[9][1] == pytest.approx(1e-3)  # --no-anneal-lr
+    assert lrs[3][1] == pytest.approx(5e-4 * (1 - 384 / 512))  # the first run's schedule
+    assert lrs[4][1] == pytest.approx(5e-4 * (1 - 512 / 1024))  # re-planned at the resume
+    assert lrs[8][1] == lrs[9][1] == pytest.approx(5e-4)  # --no-anneal-lr
 
 
 # ---------------------------------------------------------------- command line
@@ -560,7 +646,7 @@ def test_tiny_run_outputs_and_no_vtrace(tmp_path):
     ) == ("appo.py", 1024, 8, 0, 0.0)
     assert [step for step, _ in scalars(run_dir, "eval/episodic_return")] == [512, 1024]
     assert len(scalars(run_dir, "charts/SPS")) == 8 and scalars(run_dir, "charts/episodic_return")
-    assert scalars(run_dir, "charts/learning_rate")[0] == (128, pytest.approx(1e-3))
+    assert scalars(run_dir, "charts/learning_rate")[0] == (128, pytest.approx(5e-4))
 
 
 @pytest.mark.slow
@@ -802,7 +888,11 @@ def test_unsupported_env_refused(env_id, fragment):
         ({"num_steps": 0}, "--num-steps"),
         (
             {"num_minibatches": 0},
-            "--num-minibatches must be in [1, 512]",
+            "--num-minibatches must divide the rollout's 2048 steps",
+        ),
+        (
+            {"num_minibatches": 3},
+            "--num-minibatches must divide the rollout's 2048 steps",
         ),
         ({"num_actors": -1}, "--num-actors"),
         ({"max_policy_lag": -1}, "--max-policy-lag"),
@@ -818,7 +908,7 @@ def test_unsupported_env_refused(env_id, fragment):
         ({"schedule_steps": 0}, "--schedule-steps"),
         (
             {"total_steps": 100},
-            "--total-steps is below one rollout (512 steps)",
+            "--total-steps is below one rollout (2048 steps)",
         ),
     ],
 )

@@ -41,7 +41,7 @@ ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 # then waits (unless resumed) for SIGTERM, on which it saves again and exits. "stall-unsaved" logs
 # half the curve and waits without any checkpoint, unless the file `--marker` exists (it creates it
 # first): a run whose first attempt is lost before its first save. `--device` and the
-# GPUs it was given (CUDA_VISIBLE_DEVICES) go to config.json, its start and end times to summary.json,
+# GPUs it was given (CUDA_VISIBLE_DEVICES) and OpenMP's wait policy go to config.json, its start and end times to summary.json,
 # and whether the Minari dataset of `--dataset-path` was there when it started.
 FAKE = textwrap.dedent("""
     import argparse, json, os, signal, sys, time
@@ -70,7 +70,7 @@ FAKE = textwrap.dedent("""
     run.mkdir(parents=True, exist_ok=True)
     print("fake run", args.env_id, args.seed, "from", Path(__file__).parent, flush=True)
     ready = args.dataset_path is not None and (Path(args.dataset_path) / "data" / "metadata.json").is_file()
-    (run / "config.json").write_text(json.dumps({**vars(args), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    (run / "config.json").write_text(json.dumps({**vars(args), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "omp": os.environ.get("OMP_WAIT_POLICY"),
                                                  "dataset_ready": ready}))
     if args.behaviour == "crash":
         sys.exit("fake.py: error: deliberate crash")
@@ -727,6 +727,28 @@ def test_local_backend_honours_memory_and_gpu_requests(tmp_path: Path, zoo, caps
     assert json.loads((tmp_path / "runs/nogpu/g1/seed1/config.json").read_text())["gpus"] is None
 
 
+def test_runs_side_by_side_sleep_while_waiting_and_a_lone_run_spins(
+    tmp_path: Path, zoo, monkeypatch
+):
+    """OpenMP's spinning threads are fastest alone and take the cores of runs beside them: the
+    runner sets OMP_WAIT_POLICY=PASSIVE only where runs share the machine, and never over the
+    user's own setting."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    args = zoo(preset_toml("a"), preset_toml("b"))
+
+    def policies(name: str) -> dict:
+        runs = tmp_path / "runs" / name
+        return {p: json.loads((runs / p / "seed1/config.json").read_text())["omp"] for p in "ab"}
+
+    assert main(["smoke", *args, "--name", "two", "--workers", "2"]) == 0
+    assert policies("two") == {"a": "PASSIVE", "b": "PASSIVE"}
+    assert main(["smoke", *args, "--name", "one", "--workers", "1"]) == 0
+    assert policies("one") == {"a": None, "b": None}  # one at a time: OpenMP's default
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert main(["smoke", *args, "--name", "own", "--workers", "2"]) == 0
+    assert policies("own") == {"a": "ACTIVE", "b": "ACTIVE"}
+
+
 # --- provenance ---------------------------------------------------------------------------
 
 
@@ -1312,6 +1334,7 @@ def test_help_names_every_subcommand_and_workers_counts_cpus(capsys):
         "sizes",
         "dqn-memory",
         "ensemble-speed",
+        "speed",
     ]
     for name in names:
         assert f"- {name}:" in text, name

@@ -43,6 +43,7 @@ CASES = {
             "2000",
             "--schedule-steps",
             "128",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         64,
         128,
@@ -57,6 +58,7 @@ CASES = {
             "2000",
             "--eval-episodes",
             "1",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         300,
         400,
@@ -83,6 +85,7 @@ CASES = {
             "2",
             "--schedule-steps",
             "320",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         192,
         320,
@@ -97,6 +100,7 @@ CASES = {
             "32",
             "--eval-episodes",
             "1",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         300,
         400,
@@ -113,6 +117,7 @@ CASES = {
             "5000",
             "--eval-episodes",
             "1",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         300,
         400,
@@ -128,6 +133,7 @@ CASES = {
             "--eval-episodes",
             "2",
             "--no-anneal-lr",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         128,
         256,
@@ -146,6 +152,7 @@ CASES = {
             "32",
             "--eval-episodes",
             "1",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         300,
         400,
@@ -168,6 +175,7 @@ CASES = {
             "2000",
             "--schedule-steps",
             "128",
+            "--compile",  # CUDA graphs: their hazards only show on a GPU
         ],
         64,
         128,

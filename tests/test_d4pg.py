@@ -36,6 +36,7 @@ spec = importlib.util.spec_from_file_location("d4pg", ALGOS / "d4pg.py")
 d4pg = importlib.util.module_from_spec(spec)
 sys.modules["d4pg"] = d4pg  # dataclasses look the module up while it loads
 spec.loader.exec_module(d4pg)
+CPU = torch.device("cpu")
 
 TINY = [
     "--total-steps",
@@ -292,7 +293,7 @@ def filled_buffer(size, capacity, alpha, priorities):
             "next_obs": np.zeros((size, 1), np.float32),
         }
     )
-    buf.update_priorities(np.arange(size), priorities)
+    buf.update_priorities(np.arange(size), torch.as_tensor(priorities))
     return buf
 
 
@@ -307,13 +308,13 @@ def test_prioritized_probabilities_and_weights():
     p = rng.uniform(0.1, 5.0, size)
     buf = filled_buffer(size, 10, alpha, p)  # capacity 10: 16 leaves, 9 of them empty
     P = (p + 1e-6) ** alpha / ((p + 1e-6) ** alpha).sum()
-    idx, batch, weights = buf.sample(200_000, beta, rng, "cpu")
+    idx, batch, weights = buf.sample(200_000, beta, rng, CPU)
     assert idx.max() < size and np.array_equal(batch["obs"][:, 0].numpy(), idx.astype(np.float32))
     np.testing.assert_allclose(np.bincount(idx, minlength=size) / len(idx), P, atol=2e-3)
     w = (size * P[idx]) ** -beta
     np.testing.assert_allclose(weights.numpy(), w / w.max(), rtol=1e-5)
     # equal priorities and a batch of N: stratified sampling draws every transition exactly once
-    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng, "cpu")
+    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng, CPU)
     assert sorted(idx) == list(range(8)) and torch.allclose(weights, torch.ones(8))
 
 
@@ -321,7 +322,7 @@ def test_priority_updates():
     alpha = 0.7
     buf = filled_buffer(5, 6, alpha, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
     buf.update_priorities(
-        np.array([0, 3, 0]), np.array([9.0, 0.5, 7.0])
+        np.array([0, 3, 0]), torch.tensor([9.0, 0.5, 7.0], dtype=torch.float64)
     )  # a repeated index keeps its last value
     leaves = buf.tree.nodes[buf.tree.leaves : buf.tree.leaves + 5]
     np.testing.assert_allclose(leaves, (np.array([7.0, 2.0, 3.0, 0.5, 5.0]) + 1e-6) ** alpha)
@@ -342,8 +343,8 @@ def test_priority_updates():
     np.testing.assert_array_equal(restored.tree.nodes, buf.tree.nodes)
     assert restored.max_priority == buf.max_priority
     assert (
-        restored.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist()
-        == buf.sample(4, 0.4, np.random.default_rng(3), "cpu")[0].tolist()
+        restored.sample(4, 0.4, np.random.default_rng(3), CPU)[0].tolist()
+        == buf.sample(4, 0.4, np.random.default_rng(3), CPU)[0].tolist()
     )
 
 
@@ -443,6 +444,48 @@ def test_update_matches_reference(dqda_clip, max_grad_norm):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{key}.{name}")
     assert metrics["losses/q_values"] == pytest.approx(-metrics["losses/actor_loss"].item())
     assert priorities.shape == (64,) and (priorities > -1e-5).all()  # KL(Phi Y || p) >= 0
+
+
+@pytest.mark.slow
+def test_compiled_update_matches_the_eager_update():
+    """--compile: the compiled update (fused Adam, both clips binding, so the dQ/da hook is traced)
+    leaves the eager update's parameters, metrics and priorities, step after step; once Adam's
+    state exists (the second call), later calls compile nothing new."""
+    from torch._dynamo.utils import counters
+
+    args = d4pg.Args(compile=True, dqda_clip=1.0, max_grad_norm=0.05, tau=0.1)
+    runs = [small_nets()[0] for _ in range(2)]
+    for nets in runs:
+        for name in ("actor", "critic"):
+            nets[f"{name}_optim"] = torch.optim.Adam(nets[name].parameters(), lr=1e-3, fused=True)
+    _, batch, weights, z = small_nets()
+    learn, graphs = d4pg.compiled(d4pg.update, args, CPU), []
+    assert learn is not d4pg.update
+    for _ in range(4):
+        want = d4pg.update(**runs[0], b=batch, weights=weights, z=z, args=args)
+        got = learn(**runs[1], b=batch, weights=weights, z=z, args=args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[1] == graphs[-1]
+    for key in ("actor", "critic", "actor_target", "critic_target", "actor_optim"):
+        want, got = (nets[key].state_dict() for nets in runs)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_cpu_resumes_a_checkpoint_whose_adam_is_capturable(tmp_path):
+    """torch.compile on CUDA sets Adam's `capturable` (the step count lives on the GPU) and a
+    checkpoint keeps that flag; resumed on the CPU, d4pg.py's fused Adam still steps with it."""
+    run, flags = tmp_path / "run", [*TINY, "--checkpoint-interval", "0", "--device", "cpu"]
+    check_ok(run_script("d4pg.py", *flags, "--total-steps", "300", "--run-dir", str(run)))
+    path = run / "checkpoints" / "latest.pt"
+    ckpt = torch.load(path, weights_only=True)
+    for key in ("actor_optim", "critic_optim"):
+        for group in ckpt[key]["param_groups"]:
+            group["capturable"] = True
+    torch.save(ckpt, path)
+    check_ok(run_script("d4pg.py", *flags, "--total-steps", "400", "--resume", str(path)))
+    assert summary(run)["global_step"] == 400
 
 
 def test_clips_change_the_update():

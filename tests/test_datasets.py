@@ -184,7 +184,8 @@ def load_algo(name: str):
 
 def save_with_harness(module, path: Path, args, step: int, state: dict) -> None:
     """A checkpoint as the file's own run harness writes one (RunLogger.save), without a run."""
-    module.RunLogger.save(SimpleNamespace(args=args, checkpoint=path), step, state)
+    logger = SimpleNamespace(args=args, checkpoint=path, stop_if_bad=lambda: None)
+    module.RunLogger.save(logger, step, state)
 
 
 def returns_of(folder: Path) -> list[float]:

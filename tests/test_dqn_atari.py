@@ -285,6 +285,8 @@ def test_td_target_and_schedule_by_hand():
     expected = 0.25 * a.weight.data + 0.75 * b.weight.data
     dqn.update_target(b, a, 0.25)
     torch.testing.assert_close(b.weight.data, expected)
+    dqn.update_target(b, a, 1.0)  # the paper's hard copy, exact in every bit
+    assert all(torch.equal(p_t, p) for p_t, p in zip(b.parameters(), a.parameters()))
 
 
 def test_forward_leaves_the_callers_frames_alone():
@@ -578,7 +580,7 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path, restore_signals):
         "eval/episodic_return",
     ):
         assert scalars(tmp_path / "a", tag) == scalars(tmp_path / "b", tag), tag
-    assert scalars(tmp_path / "a", "losses/td_loss")  # the 100th update was logged
+    assert scalars(tmp_path / "a", "losses/td_loss")  # updates 1 and 101 were logged
     assert all(torch.equal(a["q_network"][k], b["q_network"][k]) for k in a["q_network"])
     assert torch.equal(a["buffer"]["frames"], b["buffer"]["frames"]) and torch.equal(
         a["buffer"]["actions"], b["buffer"]["actions"]

@@ -51,7 +51,7 @@ def test_the_comparison_detects_a_one_character_change(tmp_path):
 
 def test_harness_stays_within_its_line_budget():
     block = harness_block(ALGOS / FILES[0])
-    assert len(block.splitlines()) <= sizes.HARNESS_LINES == 232
+    assert len(block.splitlines()) <= sizes.HARNESS_LINES == 249
 
 
 def test_every_file_has_a_counterpart():
@@ -149,8 +149,9 @@ print("torch never imported")
 """
 
 
-def omp_wait_policy_when_torch_loads(path: Path) -> str:
+def omp_wait_policy_when_torch_loads(path: Path, policy: str | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env |= {"OMP_WAIT_POLICY": policy} if policy else {}
     proc = subprocess.run(
         [sys.executable, "-c", SPY, str(path)], env=env, capture_output=True, text=True, timeout=300
     )
@@ -159,10 +160,12 @@ def omp_wait_policy_when_torch_loads(path: Path) -> str:
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_omp_wait_policy_is_passive_before_torch_loads(name):
-    """OpenMP reads OMP_WAIT_POLICY when torch loads it; with the default (spinning) policy a
-    d4pg run beside two others on 2 cores took 65 s instead of 18 s. Every file sets PASSIVE first."""
-    assert omp_wait_policy_when_torch_loads(ALGOS / name) == "PASSIVE"
+def test_files_leave_openmp_wait_policy_to_the_user_and_the_runner(name):
+    """OpenMP reads OMP_WAIT_POLICY when torch loads it. Its default (idle threads spin a while) is
+    fastest alone; the benchmark runner sets PASSIVE for runs side by side (tests/test_benchmark.py),
+    and a user's own setting reaches torch unchanged."""
+    assert omp_wait_policy_when_torch_loads(ALGOS / name) == "None"
+    assert omp_wait_policy_when_torch_loads(ALGOS / name, "ACTIVE") == "ACTIVE"
 
 
 def load(name: str):

@@ -431,6 +431,39 @@ def test_update_clips_the_gradient_norm_or_not():
         )
 
 
+@pytest.mark.slow
+def test_compiled_update_matches_the_eager_update():
+    """--compile: the compiled update (twins, target smoothing, curvature floor, binding clip, fused
+    Adam as train() builds it) leaves the eager update's loss, TD, Q and parameters, step after step;
+    once Adam's state exists (the second call), later calls compile nothing new."""
+    from torch._dynamo.utils import counters
+
+    args = naf.Args(compile=True, twin_q=True, target_noise=0.2, curvature_floor=0.01)
+    args.max_grad_norm = 1.0
+    batch = {
+        "obs": torch.randn(8, 4),
+        "actions": torch.rand(8, 3) * 2 - 1,
+        "rewards": 10 * torch.randn(8),
+        "next_obs": torch.randn(8, 4),
+        "terminated": torch.tensor([0.0, 1.0] * 4),
+    }
+    runs = []
+    for _ in range(2):
+        nets = torch.nn.ModuleList([random_net(seed=0), random_net(seed=2)])
+        targets = torch.nn.ModuleList([random_net(seed=1), random_net(seed=3)])
+        runs.append((nets, targets, torch.optim.Adam(nets.parameters(), lr=1e-3, fused=True)))
+    learn, graphs = naf.compiled(naf.update, args, torch.device("cpu")), []
+    assert learn is not naf.update
+    for _ in range(4):
+        want = naf.update(*runs[0], batch, args)
+        got = learn(*runs[1], batch, args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[1] == graphs[-1]
+    for want, got in zip(*runs):
+        torch.testing.assert_close(got.state_dict(), want.state_dict(), rtol=1e-4, atol=1e-5)
+
+
 def test_update_clips_the_twins_gradient_norm_jointly():
     """With --twin-q (deviation h) the clip rescales the gradient of both networks by one factor, set
     by the norm over all their parameters together, as the HalfCheetah runs trained."""

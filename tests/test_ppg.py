@@ -128,14 +128,16 @@ def test_reward_scale_statistics_match_numpy():
     ret, carry = ppg.discounted_returns(rewards, dones, torch.tensor([10.0, 0.0]), 0.5)
     # env 0: 1 + 0.5*10 = 6, 3 + 0.5*6 = 6 (done), 0; env 1: 2 (done), 0, 5
     assert ret.tolist() == [[6.0, 2.0], [6.0, 0.0], [0.0, 5.0]] and carry.tolist() == [0.0, 5.0]
+    # the moments of the samples with weight 1 (the valid ones) alone, across calls
     xs = [torch.randn(50) * 3 + 1, torch.randn(20) - 2, torch.randn(7) * 10]
-    moments = [0, 0.0, 1.0]
-    for x in xs:
-        moments = ppg.update_moments(moments, x)
-    allx = torch.cat(xs)
-    assert moments[0] == 77
-    assert moments[1] == pytest.approx(allx.mean().item(), rel=1e-5)
-    assert moments[2] == pytest.approx(allx.var(unbiased=False).item(), rel=1e-5)
+    ws = [(torch.rand(len(x)) < 0.7).float() for x in xs]
+    moments = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    for x, w in zip(xs, ws):
+        moments = ppg.update_moments(moments, x, w)
+    allx = torch.cat(xs)[torch.cat(ws).bool()].double()
+    assert moments[0].item() == len(allx) < 77
+    assert moments[1].item() == pytest.approx(allx.mean().item(), rel=1e-6)
+    assert moments[2].item() == pytest.approx(allx.var(unbiased=False).item(), rel=1e-6)
 
 
 def make_agent(arch, seed=0):
@@ -188,6 +190,27 @@ def test_kl_distillation_is_zero_when_policy_matches_pi_old():
     assert agent.pi_head.weight.grad.abs().max().item() > 1e-4
 
 
+def test_ppo_losses_match_torch_distributions():
+    """ppo_losses writes Categorical's log-probability and entropy out (its argument checks wait
+    for a GPU): the same numbers as torch.distributions, masked means over the valid samples."""
+    torch.manual_seed(0)
+    logits, value, v_targ = torch.randn(12, 3), torch.randn(12), torch.randn(12)
+    actions, logprob_old, adv = torch.randint(0, 3, (12,)), -torch.rand(12) - 0.5, torch.randn(12)
+    valid = torch.ones(12)
+    valid[[2, 7]] = 0.0
+    pg, v_loss, entropy, approx_kl, clipfrac = ppg.ppo_losses(
+        logits, value, actions, logprob_old, adv, v_targ, valid, 0.2
+    )
+    dist, m = torch.distributions.Categorical(logits=logits), valid.bool()
+    ratio = (dist.log_prob(actions) - logprob_old).exp()
+    ref_pg = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)[m].mean()
+    torch.testing.assert_close(pg, ref_pg)
+    torch.testing.assert_close(entropy, dist.entropy()[m].mean())
+    torch.testing.assert_close(v_loss, 0.5 * ((value - v_targ)[m] ** 2).mean())
+    torch.testing.assert_close(approx_kl, ((ratio - 1) - ratio.log())[m].mean())
+    torch.testing.assert_close(clipfrac, ((ratio - 1).abs() > 0.2)[m].float().mean())
+
+
 def test_categorical_kl_matches_torch():
     a, b = torch.randn(10, 5), torch.randn(10, 5)
     ref = torch.distributions.kl_divergence(
@@ -214,10 +237,11 @@ def test_auxiliary_phase_fits_value_targets_and_keeps_policy(arch):
     aux_before, v_before = errors()
     args = ppg.Args(e_aux=6, aux_num_minibatches=8, max_grad_norm=10.0)
     opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
-    stats = ppg.auxiliary_phase(agent, opt, obs, v_targ, valid, args)
+    stored = {"obs": obs.view(2, 256, 4), "vtarg": v_targ.view(2, 256), "valid": valid.view(2, 256)}
+    stats = ppg.auxiliary_phase(agent, opt, stored, args)
     aux_after, v_after = errors()
     assert aux_after < 0.5 * aux_before and v_after < 0.5 * v_before
-    assert set(stats) == {"kl", "aux_value", "value"}
+    assert stats.shape == (3,) and stats[0] < 0.05  # mean [KL, aux value loss, value loss]
     kl = ppg.categorical_kl(logits_old, agent.logits(obs).detach()).mean().item()
     assert kl < 0.05  # beta_clone keeps the policy close to pi_old
 
@@ -523,10 +547,32 @@ def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
     for opt in ("optimizer", "aux_optimizer"):
         for key, state in a[opt]["state"].items():
             assert same_tensors(state, b[opt]["state"][key]), opt
-    assert a["reward_moments"] == b["reward_moments"] and torch.equal(
-        a["reward_ret"], b["reward_ret"]
-    )
+    assert torch.equal(a["reward_moments"], b["reward_moments"])
+    assert torch.equal(a["reward_ret"], b["reward_ret"])
     assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
+
+
+def test_resume_reads_a_checkpoint_of_the_earlier_layout(tmp_path, restore_signals):
+    """Checkpoints written before the GPU path hold the reward moments as a list of floats and
+    float learning rates in unfused Adam groups: a resume reads them and trains as from the new
+    layout (the same weights and statistics), with the run's fused optimizers and tensor rates."""
+    common = dict(norm_reward=True, eval_interval=0, checkpoint_interval=0)
+    new, old = tmp_path / "new", tmp_path / "old"
+    run(new, total_steps=256, schedule_steps=512, **common)
+    shutil.copytree(new, old)
+    ckpt = load(old)
+    ckpt["reward_moments"] = ckpt["reward_moments"].tolist()
+    for name in ("optimizer", "aux_optimizer"):
+        group = ckpt[name]["param_groups"][0]
+        group |= {"lr": float(group["lr"]), "fused": None}
+    torch.save(ckpt, old / "checkpoints" / "latest.pt")
+    for run_dir in (new, old):
+        run(run_dir, total_steps=512, resume=str(run_dir / "checkpoints" / "latest.pt"), **common)
+    a, b = load(new), load(old)
+    assert same_tensors(a["agent"], b["agent"])
+    assert torch.equal(a["reward_moments"], b["reward_moments"])
+    group = b["optimizer"]["param_groups"][0]
+    assert group["fused"] and isinstance(group["lr"], torch.Tensor)
 
 
 def test_resume_beyond_the_learning_rate_horizon(tmp_path, restore_signals):
@@ -711,7 +757,7 @@ def test_non_finite_loss_stops_keeps_checkpoint_and_finishes_wandb_with_1(
     def nan_on_third(*a):  # iterations 1 and 2 are fine; the checkpoint of step 128 is saved
         calls.append(1)
         stats = real_phase(*a)
-        return {**stats, "policy_loss": math.nan} if len(calls) == 3 else stats
+        return stats * math.nan if len(calls) == 3 else stats
 
     monkeypatch.setattr(ppg, "policy_phase", nan_on_third)
     with pytest.raises(SystemExit, match="non-finite loss at step 192") as e:

@@ -606,7 +606,7 @@ def test_rollout_forces_fire_after_a_lost_life_and_masks_it(
     monkeypatch.setattr(
         ppo,
         "update",
-        lambda agent, opt, batch, *a: batches.append(batch) or real(agent, opt, batch, *a),
+        lambda step, batch, *a: batches.append(batch) or real(step, batch, *a),
     )
     monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: ([0.0], {}))  # these games never end
     ppo.train(ppo.Args(**FAKE, total_steps=32, protocol=protocol, run_dir=str(tmp_path / "r")))
@@ -705,7 +705,8 @@ def tiny_ckpt(tmp_path):
         agent, torch.optim.Adam(agent.parameters()), 4, 256, torch.Generator()
     )
     path = tmp_path / "run" / "checkpoints" / "latest.pt"
-    logger = SimpleNamespace(args=ppo.Args(seed=3, frame_stack=2, **TINY_ARGS), checkpoint=path)
+    args = ppo.Args(seed=3, frame_stack=2, **TINY_ARGS)
+    logger = SimpleNamespace(args=args, checkpoint=path, stop_if_bad=lambda: None)
     ppo.RunLogger.save(logger, 256, state)  # what the run's logger writes
     return path, agent
 
@@ -773,11 +774,11 @@ def test_non_finite_loss_stops_keeps_checkpoint_and_fails_wandb(
     was, no summary, and W&B finished with the failure's exit code."""
     real, calls = ppo.update, []
 
-    def blow_up_second(agent, optimizer, batch, generator, args):
+    def blow_up_second(step, batch, generator, args):
         calls.append(1)
-        if len(calls) == 2:
-            optimizer.param_groups[0]["lr"] = 1e38
-        return real(agent, optimizer, batch, generator, args)
+        if len(calls) == 2:  # step: ppo_step with its agent and optimizer bound
+            step.args[1].param_groups[0]["lr"].fill_(1e38)
+        return real(step, batch, generator, args)
 
     monkeypatch.setattr(ppo, "update", blow_up_second)
     with pytest.raises(

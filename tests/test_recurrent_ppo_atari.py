@@ -24,6 +24,7 @@ import json
 import signal
 import sys
 from dataclasses import asdict
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -208,6 +209,10 @@ def test_acting_matches_a_per_env_per_step_loop():
                     torch.testing.assert_close(ro.trunc_values[t, n], v_final, rtol=1e-5, atol=1e-5)
                 else:
                     assert ro.trunc_values[t, n] == 0
+            # V after the last step, GAE's bootstrap: one more step (no episode starts there)
+            out, _ = agent.lstm(agent.network(ro.next_obs[n][None].float() / 255.0)[None], (h, c))
+            v_next = agent.critic(out[0, 0])[0]
+            torch.testing.assert_close(ro.next_value[n], v_next, rtol=1e-5, atol=1e-5)
     assert (ro.trunc_values != 0).sum() == 2
 
 
@@ -236,7 +241,8 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, base
     args = rppo.Args(num_envs=2, num_steps=24, seq_len=seq_len, num_minibatches=2, update_epochs=2)
     optimizer = torch.optim.Adam(agent.parameters(), lr=0.0)
     zeros = torch.zeros(24, 2)
-    rppo.update(agent, optimizer, ro, zeros, zeros, args, torch.Generator().manual_seed(0))
+    step = partial(rppo.ppo_step, agent, optimizer, args=args)
+    rppo.update(step, ro, zeros, zeros, args, torch.Generator().manual_seed(0))
     assert len(seen) == 4 and seen[0][0].shape == (seq_len, 48 // seq_len // 2)
     for new_logprob, old_logprob, new_value, old_value, _ in seen:
         torch.testing.assert_close(new_logprob, old_logprob, rtol=1e-5, atol=1e-5)
@@ -244,11 +250,13 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, base
     # the loss gets the acted mask: one epoch's minibatches hold the 2 forced steps (baselines) or none
     assert sum(int((acted == 0).sum()) for *_, acted in seen[:2]) == (2 if baselines else 0)
     # and all sequences at once, against the rollout's own layout
+    starts = ro.sequences(torch.from_numpy(ro.starts))
     with torch.no_grad():
         logits, values, _ = agent(
             ro.sequences(ro.obs),
             (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
-            ro.sequences(torch.from_numpy(ro.starts)),
+            starts,
+            starts.any(1),
         )
     torch.testing.assert_close(
         Categorical(logits=logits).log_prob(ro.sequences(ro.actions)),
@@ -285,7 +293,9 @@ def test_ppo_losses_leave_forced_steps_out_of_the_policy_loss():
         t([0.0, 1.0, 2.0]),
         t([1.0, 1.0, 0.0]),
     )
-    pg, vl, _, _ = rppo.ppo_losses(logp, logp, adv, values, values, returns, 0.1, False)
+    pg, vl, _, _ = rppo.ppo_losses(
+        logp, logp, adv, values, values, returns, 0.1, False, t([1.0] * 3)
+    )
     pg_m, vl_m, _, _ = rppo.ppo_losses(
         logp, logp, adv, values, values, returns, 0.1, False, t([1.0, 0.0, 1.0])
     )
@@ -302,7 +312,9 @@ def test_ppo_losses_leave_forced_steps_out_of_approx_kl_and_clipfrac():
         new, old, zeros, zeros, zeros, zeros, 0.1, False, t([1.0, 0.0, 1.0])
     )
     assert kl.item() == 0 and clipfrac.item() == 0
-    _, _, kl_all, clipfrac_all = rppo.ppo_losses(new, old, zeros, zeros, zeros, zeros, 0.1, False)
+    _, _, kl_all, clipfrac_all = rppo.ppo_losses(
+        new, old, zeros, zeros, zeros, zeros, 0.1, False, torch.ones(3)
+    )
     assert kl_all.item() == pytest.approx((np.e - 2) / 3) and clipfrac_all.item() == pytest.approx(
         1 / 3
     )
@@ -311,7 +323,8 @@ def test_ppo_losses_leave_forced_steps_out_of_approx_kl_and_clipfrac():
 def minibatch_step(agent, obs, actions, old_logprob, old_value, adv, returns, policy_steps):
     """Reference: one plain gradient step (SGD, lr 1) on the loss of one whole-rollout minibatch,
     with the entropy bonus and the advantage statistics taken over `policy_steps` (bool)."""
-    logits, value, _ = agent(obs, agent.initial_state(obs.shape[1], "cpu"), torch.zeros(8, 2))
+    no_starts = torch.zeros(8, 2), torch.zeros(8, dtype=torch.bool)
+    logits, value, _ = agent(obs, agent.initial_state(obs.shape[1], "cpu"), *no_starts)
     dist = Categorical(logits=logits)
     chosen = adv[policy_steps]
     adv = (adv - chosen.mean()) / (chosen.std() + 1e-8)
@@ -339,7 +352,8 @@ def test_update_leaves_forced_steps_out_of_entropy_and_advantage_statistics():
     ro.actions.copy_(torch.randint(0, 4, (8, 2)))
     ro.acted[:] = ~FORCED
     with torch.no_grad():
-        logits, values, _ = agent(ro.obs, agent.initial_state(2, "cpu"), torch.zeros(8, 2))
+        no_starts = torch.zeros(8, 2), torch.zeros(8, dtype=torch.bool)
+        logits, values, _ = agent(ro.obs, agent.initial_state(2, "cpu"), *no_starts)
     ro.logprobs.copy_(Categorical(logits=logits).log_prob(ro.actions) - 0.05 * torch.randn(8, 2))
     ro.values.copy_(values + 0.1 * torch.randn(8, 2))
     adv, returns = torch.randn(8, 2), torch.randn(8, 2)
@@ -351,7 +365,8 @@ def test_update_leaves_forced_steps_out_of_entropy_and_advantage_statistics():
     expected = minibatch_step(copy.deepcopy(agent), *ref_args, policy_steps)
     unmasked = minibatch_step(copy.deepcopy(agent), *ref_args, torch.ones(8, 2, dtype=torch.bool))
     optimizer = torch.optim.SGD(agent.parameters(), lr=1.0)
-    rppo.update(agent, optimizer, ro, adv, returns, args, torch.Generator().manual_seed(0))
+    step = partial(rppo.ppo_step, agent, optimizer, args=args)
+    rppo.update(step, ro, adv, returns, args, torch.Generator().manual_seed(0))
     for param, want, other in zip(agent.parameters(), expected, unmasked):
         torch.testing.assert_close(param.detach(), want, rtol=1e-4, atol=1e-6)
     assert max((w - o).abs().max() for w, o in zip(expected, unmasked)) > 1e-3  # it can fail
@@ -365,8 +380,54 @@ def test_replay_without_the_resets_would_differ():
             ro.sequences(ro.obs),
             (ro.h0.flatten(0, 1)[None], ro.c0.flatten(0, 1)[None]),
             torch.zeros(8, 6),
+            torch.zeros(8, dtype=torch.bool),
         )
     assert (values - ro.sequences(ro.values)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("chosen", [0, 1, 2, 7])
+def test_normalise_uses_only_the_policy_steps(chosen):
+    """Against boolean indexing of the chosen steps; fewer than two are left as they are."""
+    advantages = torch.randn(4, 2, generator=torch.Generator().manual_seed(chosen)) * 3 + 1
+    acted = (torch.arange(8) < chosen).float().view(4, 2)
+    policy = advantages[acted.bool()]
+    want = (advantages - policy.mean()) / (policy.std() + 1e-8) if chosen > 1 else advantages
+    torch.testing.assert_close(rppo.normalise(advantages, acted), want)
+
+
+def test_compiled_agent_runs_nn_lstm_eagerly_between_two_graphs():
+    """--compile: Dynamo compiles the CNN and the heads and breaks the graph at `memory`, whose
+    nn.LSTM runs eagerly, one call per span as without --compile. Outputs and gradients agree, and
+    other episode starts (another span pattern) reuse the compiled graphs."""
+    torch.manual_seed(0)
+    agent = rppo.Agent(4, 1, 8)
+    obs = torch.randint(0, 256, (10, 3, 1, 84, 84), dtype=torch.uint8)
+    state = (torch.randn(1, 3, 8), torch.randn(1, 3, 8))
+    calls = []
+    agent.lstm.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(agent)(obs, state, torch.zeros(10, 3), torch.zeros(10) > 0)
+    assert explained.graph_count == 2 and explained.graph_break_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(agent, backend="aot_eager")
+
+    def run(forward, starts):
+        agent.zero_grad()
+        calls.clear()
+        logits, values, (h, c) = forward(obs, state, starts, starts.any(1))
+        (logits.sum() + values.sum() + h.sum() + c.sum()).backward()
+        return (logits, values, h, c), [p.grad.clone() for p in agent.parameters()], calls.copy()
+
+    patterns = []
+    for seed in (1, 2):
+        starts = (torch.rand(10, 3, generator=torch.Generator().manual_seed(seed)) < 0.3).float()
+        eager = run(agent, starts)
+        with torch._dynamo.config.patch(error_on_recompile=seed > 1):
+            got = run(compiled, starts)
+        assert 1 < len(eager[2]) < 10 and got[2] == eager[2]  # the same nn.LSTM calls
+        torch.testing.assert_close(got[:2], eager[:2], rtol=1e-5, atol=1e-5)
+        patterns.append(eager[2])
+    assert patterns[0] != patterns[1]
 
 
 def test_sequences_layout():
@@ -390,19 +451,22 @@ def test_reset_at_start_equals_fresh_sequence_and_one_lstm_call_per_span():
         lambda module, inputs, output: calls.append(inputs[0].shape[0])
     )
     with torch.no_grad():
-        logits, values, (h, c) = agent(obs, state, starts)
+        logits, values, (h, c) = agent(obs, state, starts, starts.any(1))
         assert calls == [3, 3, 4]  # spans [0, 3), [3, 6), [6, 10): starts at 3 and 6 cut the batch
         ref_logits, ref_values, (ref_h, ref_c) = stepwise(agent, obs, state, starts)
         torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(values, ref_values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
         fresh_logits, fresh_values, _ = agent(
-            obs[3:, 1:2], agent.initial_state(1, "cpu"), torch.zeros(7, 1)
+            obs[3:, 1:2], agent.initial_state(1, "cpu"), torch.zeros(7, 1), torch.zeros(7) > 0
         )
         torch.testing.assert_close(logits[3:, 1:2], fresh_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(values[3:, 1:2], fresh_values, rtol=1e-5, atol=1e-5)
         _, no_reset_values, _ = agent(
-            obs[:, 1:2], (state[0][:, 1:2], state[1][:, 1:2]), torch.zeros(10, 1)
+            obs[:, 1:2],
+            (state[0][:, 1:2], state[1][:, 1:2]),
+            torch.zeros(10, 1),
+            torch.zeros(10) > 0,
         )
     assert (no_reset_values[3:] - fresh_values).abs().max() > 1e-4  # the reset mattered
 

@@ -1,9 +1,11 @@
-"""Tests for algos/rlpd.py: the batched ensemble against ten separate critics, the target's random
-pair and its minimum, the tanh-Gaussian log-probability against torch.distributions, symmetric
-sampling row by row, the Minari conversion (terminations and truncations apart; wrong spaces, NaN,
-empty and missing datasets refused), and tiny runs on a dataset made by benchmark/datasets.py:
-copied alone, resumed (the same weights as an uninterrupted run), repeated (the same metrics; another
-seed differs), interrupted during pretraining, and bad input. The CUDA path is in tests/test_cuda.py."""
+"""Tests for algos/rlpd.py: the stacked ensemble against ten separate critics (forward, gradients,
+a subset's minimum in the target), the random pair of each critic step, the tanh-Gaussian
+log-probability against torch.distributions, symmetric sampling row by row, the Minari conversion
+(terminations and truncations apart; wrong spaces, NaN, empty and missing datasets refused), and
+tiny runs on a dataset made by benchmark/datasets.py: copied alone, resumed (the same weights as an
+uninterrupted run), repeated (the same metrics; another seed differs), interrupted during
+pretraining, and bad input (a checkpoint of the older critic layout among it). --compile against
+eager: tests/test_compile.py; the CUDA path: tests/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -72,32 +74,43 @@ def pendulum_spaces():
 
 
 # ---------------------------------------------------------------- the ensemble and the target
-def test_batched_ensemble_equals_ten_separate_critics():
-    torch.manual_seed(0)
-    critic = rlpd.EnsembleCritic(10, 5, 8)
-    # per-critic LayerNorm gains and biases that differ, so mixing them up shows
-    with torch.no_grad():
-        for p in (*critic.ln_gains, *critic.ln_biases, *critic.biases):
-            p.add_(torch.randn_like(p))
-    separate = []
-    for e in range(10):
+def separate_critics(critic: rlpd.EnsembleCritic) -> list[nn.Sequential]:
+    """Each critic of the ensemble as its own nn.Linear/nn.LayerNorm MLP, weights copied out of the
+    stacked layers (rows: weight, bias, LayerNorm gain and shift)."""
+    nets = []
+    for e in range(critic.num_qs):
+        d_in, h = critic.layers[0].shape[1] - 3, critic.layers[0].shape[2]
         net = nn.Sequential(
-            nn.Linear(5, 8),
-            nn.LayerNorm(8),
+            nn.Linear(d_in, h),
+            nn.LayerNorm(h),
             nn.ReLU(),
-            nn.Linear(8, 8),
-            nn.LayerNorm(8),
+            nn.Linear(h, h),
+            nn.LayerNorm(h),
             nn.ReLU(),
-            nn.Linear(8, 1),
+            nn.Linear(h, 1),
         )
         with torch.no_grad():
-            for layer, i in zip((net[0], net[3], net[6]), range(3)):
-                layer.weight.copy_(critic.weights[i][e].T)
-                layer.bias.copy_(critic.biases[i][e, 0])
-            for norm, i in zip((net[1], net[4]), range(2)):
-                norm.weight.copy_(critic.ln_gains[i][e, 0])
-                norm.bias.copy_(critic.ln_biases[i][e, 0])
-        separate.append(net)
+            for linear, p, rows in zip((net[0], net[3], net[6]), critic.layers, (d_in, h, h)):
+                linear.weight.copy_(p[e, :rows].T)
+                linear.bias.copy_(p[e, rows])
+            for norm, p in zip((net[1], net[4]), critic.layers):
+                rows = p.shape[1] - 3
+                norm.weight.copy_(p[e, rows + 1])
+                norm.bias.copy_(p[e, rows + 2])
+        nets.append(net)
+    return nets
+
+
+def test_stacked_ensemble_equals_ten_separate_critics():
+    """Forward, gradients, a subset's Q-values and the target's minimum over a subset, against ten
+    independent nn.Linear MLPs evaluated one by one."""
+    torch.manual_seed(0)
+    critic = rlpd.EnsembleCritic(10, 5, 8)
+    # per-critic biases, LayerNorm gains and shifts that differ, so mixing them up shows
+    with torch.no_grad():
+        for p in critic.layers:
+            p[:, -3:].add_(torch.randn_like(p[:, -3:]))
+    separate = separate_critics(critic)
     obs, actions = torch.randn(32, 4), torch.rand(32, 1) * 2 - 1
     q = critic(obs, actions)
     expected = torch.stack([net(torch.cat([obs, actions], 1)).squeeze(-1) for net in separate])
@@ -106,38 +119,57 @@ def test_batched_ensemble_equals_ten_separate_critics():
     q.pow(2).sum().backward()
     expected.pow(2).sum().backward()
     for e, net in enumerate(separate):
-        torch.testing.assert_close(critic.weights[1].grad[e], net[3].weight.grad.T)
-        torch.testing.assert_close(critic.ln_gains[0].grad[e, 0], net[1].weight.grad)
-    torch.testing.assert_close(critic(obs, actions, torch.tensor([7, 2])), q[[7, 2]].detach())
+        torch.testing.assert_close(critic.layers[1].grad[e, :8], net[3].weight.grad.T)
+        torch.testing.assert_close(critic.layers[0].grad[e, 6], net[1].weight.grad)
+    members = torch.tensor([7, 2])
+    torch.testing.assert_close(critic(obs, actions, members), expected[[7, 2]].detach())
+    # y with the minimum over critics 7 and 2, computed member by member
+    batch = {"next_obs": obs, "rewards": torch.randn(32), "terminated": (torch.rand(32) < 0.3)}
+    batch["terminated"] = batch["terminated"].float()
+    log_prob = torch.randn(32)
+    y = rlpd.soft_q_target(critic, batch, actions, log_prob, members, torch.tensor(0.1), 0.9)
+    next_q = torch.minimum(expected[7], expected[2]).detach()
+    mask = 1 - batch["terminated"]
+    torch.testing.assert_close(y, batch["rewards"] + 0.9 * mask * (next_q - 0.1 * log_prob))
 
 
 class RecordingCritic(rlpd.EnsembleCritic):
     """Remembers which critics each call asked for."""
 
     def forward(self, obs, actions, members=None):
-        self.calls.append(members)
+        if members is not None:
+            self.calls.append(members)
         return super().forward(obs, actions, members)
 
 
-def test_target_is_the_minimum_of_two_distinct_random_critics():
+def update_inputs(utd: int, batch_size: int = 8) -> tuple[rlpd.Agent, dict, dict]:
+    agent = rlpd.Agent(3, 1, 16, 10)
+    optimizers = {
+        "actor": torch.optim.Adam(agent.actor.parameters()),
+        "critic": torch.optim.Adam(agent.critic.parameters()),
+        "alpha": torch.optim.Adam([agent.log_alpha]),
+    }
+    batches = {
+        "obs": torch.randn(utd, batch_size, 3),
+        "actions": torch.rand(utd, batch_size, 1),
+        "rewards": torch.randn(utd, batch_size),
+        "next_obs": torch.randn(utd, batch_size, 3),
+        "terminated": torch.zeros(utd, batch_size),
+    }
+    return agent, optimizers, batches
+
+
+def test_each_critic_step_targets_two_distinct_random_critics():
+    """An update round draws Z anew for each critic step: two distinct critics, every pair turns
+    up, and the target critic is asked for exactly those."""
     torch.manual_seed(0)
-    critic = RecordingCritic(10, 4, 16)
-    critic.calls = []
-    batch = {"next_obs": torch.randn(8, 3), "rewards": torch.zeros(8), "terminated": torch.zeros(8)}
-    next_actions, zero = torch.rand(8, 1) * 2 - 1, torch.zeros(8)
-    with torch.no_grad():
-        all_q = critic(batch["next_obs"], next_actions)
-    pairs = []
-    for _ in range(400):
-        critic.calls = []
-        with torch.no_grad():
-            y = rlpd.soft_q_target(critic, batch, next_actions, zero, torch.tensor(0.0), 1.0, 2)
-        (members,) = critic.calls
-        pair = tuple(sorted(members.tolist()))
-        assert len(set(pair)) == 2
-        torch.testing.assert_close(y, all_q[list(pair)].min(0).values)
-        pairs.append(pair)
-    # drawn anew: every pair turns up
+    agent, optimizers, batches = update_inputs(utd=400)
+    agent.target_critic = RecordingCritic(10, 4, 16).requires_grad_(False)
+    agent.target_critic.load_state_dict(agent.critic.state_dict())
+    agent.target_critic.calls = []
+    rlpd.update(agent, optimizers, batches, 0.99, 0.005, 2, target_entropy=-0.5)
+    pairs = [tuple(sorted(m.tolist())) for m in agent.target_critic.calls]
+    assert len(pairs) == 400 and all(a != b for a, b in pairs)
     assert set(pairs) == set(itertools.combinations(range(10), 2))
 
 
@@ -146,21 +178,21 @@ def test_target_hand_computed_with_entropy_and_mask():
     (1 - alpha log pi). A truncation is not an input, so it bootstraps."""
     critic = rlpd.EnsembleCritic(10, 4, 8)
     with torch.no_grad():
-        critic.weights[2].zero_()
-        critic.biases[2].copy_(torch.arange(1.0, 11.0).view(10, 1, 1))
+        critic.layers[2][:, :8].zero_()  # the output layer's weight; its bias, row 8, is Q_i
+        critic.layers[2][:, 8].copy_(torch.arange(1.0, 11.0).view(10, 1))
     batch = {
         "next_obs": torch.randn(3, 3),
         "rewards": torch.tensor([1.0, 2.0, 3.0]),
         "terminated": torch.tensor([0.0, 1.0, 0.0]),
     }
     log_prob = torch.tensor([0.5, 0.5, -1.0])
-    y = rlpd.soft_q_target(critic, batch, torch.zeros(3, 1), log_prob, torch.tensor(0.2), 0.9, 10)
+    all_ten, alpha = torch.arange(10), torch.tensor(0.2)
+    y = rlpd.soft_q_target(critic, batch, torch.zeros(3, 1), log_prob, all_ten, alpha, 0.9)
     torch.testing.assert_close(y, torch.tensor([1 + 0.9 * (1 - 0.1), 2.0, 3 + 0.9 * (1 + 0.2)]))
-    y2 = rlpd.soft_q_target(
-        critic, batch, torch.zeros(3, 1), torch.zeros(3), torch.tensor(0.0), 1.0, 2
-    )
-    # a pair's minimum: never the largest, 10
-    assert (y2 - batch["rewards"])[0].item() in range(1, 10)
+    # the pair (9, 4): Q = 10 and 5, minimum 5
+    pair, zero = torch.tensor([9, 4]), torch.tensor(0.0)
+    y2 = rlpd.soft_q_target(critic, batch, torch.zeros(3, 1), torch.zeros(3), pair, zero, 1.0)
+    torch.testing.assert_close(y2, batch["rewards"] + torch.tensor([5.0, 0.0, 5.0]))
 
 
 def test_tanh_gaussian_log_prob_matches_torch_distributions():
@@ -185,27 +217,16 @@ def test_update_round_counts_and_temperature_direction():
     """One round: utd critic steps (each followed by the target update), one actor and one
     temperature step; alpha falls when the entropy is above the target."""
     torch.manual_seed(0)
-    agent = rlpd.Agent(3, 1, 16, 10)
-    optimizers = {
-        "actor": torch.optim.Adam(agent.actor.parameters()),
-        "critic": torch.optim.Adam(agent.critic.parameters()),
-        "alpha": torch.optim.Adam([agent.log_alpha]),
-    }
-    batches = {
-        "obs": torch.randn(3, 8, 3),
-        "actions": torch.rand(3, 8, 1),
-        "rewards": torch.randn(3, 8),
-        "next_obs": torch.randn(3, 8, 3),
-        "terminated": torch.zeros(3, 8),
-    }
-    target_before = agent.target_critic.weights[0].clone()
+    agent, optimizers, batches = update_inputs(utd=3)
+    target_before = agent.target_critic.layers[0].clone()
     losses = rlpd.update(agent, optimizers, batches, 0.99, 0.5, 2, target_entropy=-100.0)
     steps = {name: next(iter(o.state.values()))["step"].item() for name, o in optimizers.items()}
     assert steps == {"actor": 1, "critic": 3, "alpha": 1}
     assert agent.log_alpha.item() < 0 and losses["alpha"].item() == pytest.approx(1.0)
     # three lerps with tau = 0.5 towards a moving critic: the target moved, but is not the critic
-    assert not torch.equal(agent.target_critic.weights[0], target_before)
-    assert not torch.equal(agent.target_critic.weights[0], agent.critic.weights[0])
+    assert not torch.equal(agent.target_critic.layers[0], target_before)
+    assert not torch.equal(agent.target_critic.layers[0], agent.critic.layers[0])
+    assert agent.target_critic.layers[0].is_leaf and not agent.target_critic.layers[0].requires_grad
     assert set(losses) == {
         "critic_loss",
         "q_values",
@@ -480,7 +501,7 @@ def test_same_seed_same_run_other_seed_differs(tmp_path, datasets_root, restore_
         tmp_path / "b", "losses/critic_loss"
     )
     # the seed matters
-    assert not torch.equal(a["critic.weights.1"], c["critic.weights.1"])
+    assert not torch.equal(a["critic.layers.1"], c["critic.layers.1"])
     assert summary(tmp_path / "a")["eval_returns"] != summary(tmp_path / "c")["eval_returns"]
 
 
@@ -609,6 +630,40 @@ def test_resume_refuses_other_data_flags(tiny_run, tmp_path, datasets_root):
     for flags, fragment in cases:
         with pytest.raises(SystemExit, match=fragment):
             rlpd.train(rlpd.Args(**{**same, **flags}, resume=good, run_dir=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
+
+
+def test_checkpoint_of_the_older_critic_layout_is_refused(tiny_run, tmp_path, datasets_root):
+    """Critics saved as separate weights, biases, LayerNorm gains and shifts (rlpd.py before one
+    tensor a layer): --resume and --eval-only refuse them in one line that names the cause."""
+    ckpt = agent_state(tiny_run)
+    for name in ("critic", "target_critic"):
+        for layer in range(3):
+            p = ckpt["agent"].pop(f"{name}.layers.{layer}")
+            rows = p.shape[1] - (3 if layer < 2 else 1)
+            old = {"weights": p[:, :rows], "biases": p[:, rows : rows + 1]}
+            if layer < 2:
+                old |= {"ln_gains": p[:, rows + 1 : rows + 2], "ln_biases": p[:, rows + 2 :]}
+            ckpt["agent"] |= {f"{name}.{k}.{layer}": v for k, v in old.items()}
+    path = tmp_path / "old.pt"
+    torch.save(ckpt, path)
+    flags = {
+        **TINY,
+        "dataset_path": str(datasets_root / DATASET_ID),
+        "pretrain_steps": 2,
+        "seed": 3,
+    }
+    calls = [
+        rlpd.Args(**flags, resume=str(path), run_dir=str(tmp_path / "r")),
+        rlpd.Args(eval_only=True, checkpoint=str(path), eval_episodes=1),
+    ]
+    for args in calls:
+        with pytest.raises(SystemExit) as e:
+            rlpd.train(args)
+        assert str(e.value) == (
+            f"rlpd.py: error: checkpoint {path} has the critics' older layout; "
+            "use the rlpd.py that wrote it"
+        )
     assert not (tmp_path / "r").exists()
 
 
