@@ -85,7 +85,7 @@ Implementation details:
     running mean and std of every v_s so far (kept with the weights); V-trace reads V in the
     return's units. It keeps the value loss on one scale whatever the task's rewards.
 
-Deviations (d and e measured in results/appo-measurements.md):
+Deviations (d measured in results/appo-defaults, e in results/appo-measurements.md):
 a. The surrogate's ratio is taken against mu, as Sample Factory does; RLlib's APPO takes it
    against a target network refreshed every few updates (times a clipped pi_target/mu).
 b. The learner trains on one rollout at a time (num_envs x num_steps from one actor), so the two
