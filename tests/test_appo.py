@@ -938,3 +938,18 @@ def test_resume_refuses_other_network(tmp_path, restore_signals):
                 resume=str(tmp_path / "run" / "checkpoints" / "latest.pt"),
             )
         )
+
+
+def test_resume_refuses_a_checkpoint_without_value_normalisation(tmp_path, restore_signals):
+    """A checkpoint from before --norm-values has no moments: its critic learned raw returns, so
+    resuming it with the moments at their start would rescale V mid-run. It is refused in one line;
+    its --eval-only still works (acting does not read the moments)."""
+    run(tmp_path / "run", total_steps=128)
+    path = tmp_path / "run" / "checkpoints" / "latest.pt"
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["args"]["norm_values"], ckpt["agent"]["moments"]
+    torch.save(ckpt, path)
+    with pytest.raises(SystemExit, match="predates --norm-values; use the appo.py that wrote it"):
+        appo.train(appo.Args(**{**SMALL, "total_steps": 256}, resume=str(path)))
+    appo.train(appo.Args(eval_only=True, checkpoint=str(path), eval_episodes=1))
+    assert (tmp_path / "run" / "eval.json").exists()
