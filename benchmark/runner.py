@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .aggregate import crossing_step
+from .events import read_scalars
 from .manifest import ArgValue, Dataset, Mode, Preset, ZooError, is_number
 
 # What a run reports about itself; its wall time and peak memory the runner measures (execute).
@@ -443,18 +444,6 @@ def execute(
         "wall_time_s": round(time.monotonic() - start, 2),
         "peak_rss_mb": _peak_memory(peak_file),
         "timeout_s": timeout_s,
-    }
-
-
-def read_scalars(run_dir: Path, tags: list[str]) -> dict[str, list[tuple[int, float]]]:
-    """The (step, value) series of every tag logged in a run's TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    logged = set(acc.Tags().get("scalars", []))
-    return {
-        tag: [(e.step, e.value) for e in acc.Scalars(tag)] if tag in logged else [] for tag in tags
     }
 
 

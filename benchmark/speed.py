@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from .events import timeline
 from .manifest import ZooError
 from .runner import write_json
 
@@ -135,19 +136,6 @@ def steady_rate(points: list[tuple[int, float]], warmup: int) -> tuple[float, in
         )
     (step0, time0), (step1, time1) = after[0], after[-1]
     return (step1 - step0) / (time1 - time0), step1 - step0, time1 - time0
-
-
-def timeline(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, wall time) of a run's TensorBoard scalar events: per step, the latest time logged."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    latest: dict[int, float] = {}
-    for tag in acc.Tags().get("scalars", []):
-        for event in acc.Scalars(tag):
-            latest[event.step] = max(latest.get(event.step, 0.0), event.wall_time)
-    return sorted(latest.items())
 
 
 def budget(spec: Spec, scale: float) -> tuple[int, int]:

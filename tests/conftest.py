@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmark.events import read_scalars
+
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"
 
@@ -68,13 +70,7 @@ def check_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
 
 def scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
     """All (step, value) pairs logged under `tag` in a run's TensorBoard events, in order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    if tag not in acc.Tags()["scalars"]:
-        return []
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    return read_scalars(run_dir, [tag])[tag]
 
 
 def summary(run_dir: str | Path) -> dict:

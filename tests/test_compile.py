@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import check_ok, run_script, scalars
 
+from benchmark.events import read_points
+
 OFF = ["--eval-interval", "0", "--checkpoint-interval", "0", "--eval-episodes", "1"]
 ATARI = ["--max-episode-frames", "2000", "--num-minibatches", "2"]
 # Each run makes a few updates: enough that a wrong compiled update shows, short enough to compile.
@@ -53,11 +55,7 @@ def tensors(tree, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def loss_tags(run_dir: Path) -> list[str]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return sorted(tag for tag in acc.Tags()["scalars"] if tag.startswith("losses/"))
+    return sorted(tag for tag in read_points(run_dir) if tag.startswith("losses/"))
 
 
 @pytest.mark.slow
