@@ -64,11 +64,12 @@ Implementation details:
 12. `--compile` runs `update` (both steps with their optimizer steps, the projection, the target
     update) through torch.compile, as CUDA graphs on a GPU. Off by default: it has not yet been
     measured to win on a GPU.
-Deviations from the paper / Acme (a, b, c, e, g chosen for the zoo's 20k-step Pendulum budget;
-the runs behind a, d, f and h are in results/d4pg-measurements.md):
- a. Adam 3e-4 for the actor and 1e-3 for the critic (Acme 1e-4 for both, set for runs of
-    millions of steps). With the actor at 1e-3 too, a Pendulum seed kept a start state it could
-    not swing up from; at 3e-4 the actor moves after a settled critic.
+Deviations from the paper / Acme (b, c, e, g chosen for the zoo's 20k-step Pendulum budget; the
+runs behind a, f and h are in results/d4pg-collapse, those behind d, f and h in
+results/d4pg-measurements.md):
+ a. Adam 1e-3 for the critic (Acme's 1e-4, set for millions of steps, left HalfCheetah-v5 at 265
+    after 80k steps), 1e-4 for the actor as Acme (at 3e-4, InvertedDoublePendulum-v5 fell from
+    its maximum when the policy drove the cart to the end of its rail).
  b. Soft target updates with tau = 0.005 (Acme copies every 100 updates); same effect, smoother.
  c. Two hidden layers of 256 for both nets (Acme: 256x3 actor, 512-512-256 critic).
  d. No clipping by default. Acme clips each network's gradient to norm 40 and each dQ/da to norm
@@ -77,14 +78,14 @@ the runs behind a, d, f and h are in results/d4pg-measurements.md):
  e. Uniform random actions for the first `--learning-starts` steps (SB3/CleanRL practice; Acme
     acts with the untrained policy plus noise), which spreads the first data.
  f. `--sigma` is on the [-1, 1] scale, Acme's 0.3 on the env's: on Pendulum ([-2, 2]) Acme's is
-    `--sigma 0.15`. TD3's 0.1 led on HalfCheetah-v5, fell off more often on InvertedPendulum-v5
-    and tied on Pendulum, so the default stays 0.3 and the zoo's d4pg-halfcheetah sets 0.1.
+    `--sigma 0.15`. The default is TD3's 0.1: it led on HalfCheetah-v5, tied on Pendulum, and let
+    InvertedPendulum-v5 fall off a little more often than 0.3.
  g. Support [-1600, 0]: Pendulum rewards lie in [-16.3, 0], and time limits bootstrap, so
     values lie in [-16.3 / (1 - gamma), 0] = [-1630, 0]; a trained agent sees about [-400, 0].
     Other tasks need their own: HalfCheetah (about +12 per step at best): --v-min -500 --v-max 1500.
- h. n = 5 (paper, Acme), not corrected for being off-policy: an old transition's return follows
-    older policies for n - 1 steps. n = 1 won on HalfCheetah-v5 (above TD3), lost on
-    InvertedPendulum-v5 and tied on Pendulum; the zoo's d4pg-halfcheetah sets `--n-step 1`.
+ h. n = 1, not the paper's and Acme's 5, which is not corrected for being off-policy (an old
+    transition's return follows older policies for n - 1 steps): n = 1 led on HalfCheetah-v5
+    (above TD3) and tied on Pendulum; with n = 5, InvertedPendulum-v5 fell off less.
 
 Checkpoints written while the width flag was --hidden-size resume with the d4pg.py that
 wrote them.
@@ -159,13 +160,13 @@ class Args:
     """replay capacity in n-step transitions"""
     batch_size: int = 256
     """transitions per gradient update"""
-    actor_lr: float = 3e-4
+    actor_lr: float = 1e-4
     """Adam learning rate of the actor"""
     critic_lr: float = 1e-3
     """Adam learning rate of the critic"""
     gamma: float = 0.99
     """discount factor"""
-    n_step: int = 5
+    n_step: int = 1
     """length n of the n-step returns"""
     num_atoms: int = 51
     """atoms N of the categorical critic"""
@@ -173,7 +174,7 @@ class Args:
     """lowest atom: the task's lowest discounted return"""
     v_max: float = 0.0
     """highest atom: the task's highest discounted return"""
-    sigma: float = 0.3
+    sigma: float = 0.1
     """exploration noise std on the [-1, 1] action scale"""
     tau: float = 0.005
     """Polyak coefficient of the target networks"""

@@ -690,7 +690,9 @@ def test_resume_flushes_windows_and_continues_curve(tmp_path, restore_signals):
     windows become transitions truncated at the saved last observation, the curve continues without
     duplicates, and the PER beta keeps the first run's horizon."""
     run, first = tmp_path / "run", tmp_path / "first.pt"
-    flags = dict(SMALL, num_envs=2, learning_starts=200, eval_interval=400, run_dir=str(run))
+    flags = dict(
+        SMALL, num_envs=2, n_step=5, learning_starts=200, eval_interval=400, run_dir=str(run)
+    )
     d4pg.train(d4pg.Args(total_steps=500, **flags))
     shutil.copy(run / "checkpoints" / "latest.pt", first)
     d4pg.train(d4pg.Args(total_steps=1000, resume=str(first), **flags))
