@@ -94,7 +94,7 @@ c. No clamp of the raw ratio to [0.05, 20] before V-trace (Sample Factory): rho_
    bound it above and the clipped surrogate bounds the step.
 d. Defaults: RL Zoo's PPO LunarLander values (16 envs x 128 steps, 32 minibatches, gamma 0.999,
    lambda 0.98, entropy 0.01, lr 5e-4 here annealed) with detail 12; one set for CartPole,
-   LunarLander and Acrobot. CartPole-only values (gamma 0.98, lambda 0.8) failed LunarLander.
+   LunarLander, Acrobot and MountainCar; CartPole's gamma 0.98, lambda 0.8 failed LunarLander.
 e. The gradient norm is clipped for the policy and the value network apart (CleanRL clips them
    jointly): on LunarLander, without reward scaling, the value gradient dominates a joint norm
    and shrinks the policy's steps.
