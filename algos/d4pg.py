@@ -66,7 +66,7 @@ Implementation details:
     measured to win on a GPU.
 Deviations from the paper / Acme (b, c, e, g chosen for the zoo's 20k-step Pendulum budget; the
 runs behind a, f and h are in results/d4pg-collapse, those behind d, f and h in
-results/d4pg-measurements.md):
+results/d4pg-measurements.md; these defaults on six tasks beside TD3: results/d4pg-defaults):
  a. Adam 1e-3 for the critic (Acme's 1e-4, set for millions of steps, left HalfCheetah-v5 at 265
     after 80k steps), 1e-4 for the actor as Acme (at 3e-4, InvertedDoublePendulum-v5 fell from
     its maximum when the policy drove the cart to the end of its rail).
@@ -82,7 +82,8 @@ results/d4pg-measurements.md):
     InvertedPendulum-v5 fall off a little more often than 0.3.
  g. Support [-1600, 0]: Pendulum rewards lie in [-16.3, 0], and time limits bootstrap, so
     values lie in [-16.3 / (1 - gamma), 0] = [-1630, 0]; a trained agent sees about [-400, 0].
-    Other tasks need their own: HalfCheetah (about +12 per step at best): --v-min -500 --v-max 1500.
+    Other tasks need their own: HalfCheetah (about +12 per step at best): --v-min -500 --v-max 1500;
+    Hopper [-100, 400], InvertedDoublePendulum [0, 940], Reacher [-60, 0] by the same rule.
  h. n = 1, not the paper's and Acme's 5, which is not corrected for being off-policy (an old
     transition's return follows older policies for n - 1 steps): n = 1 led on HalfCheetah-v5
     (above TD3) and tied on Pendulum; with n = 5, InvertedPendulum-v5 fell off less.
