@@ -43,7 +43,11 @@ def td3_runs(root: Path) -> dict[tuple[str, int], list[list[float]]]:
     runs = {}
     for task in json.loads((HERE.parent / "naf-ablations" / "runs.json").read_text()):
         for env_id, (*_, name) in TASKS.items():
-            if task["task"] == name and task["variant"] in ("T", "TD3zoo") and task["seed"] in SEEDS:
+            if (
+                task["task"] == name
+                and task["variant"] in ("T", "TD3zoo")
+                and task["seed"] in SEEDS
+            ):
                 runs[env_id, task["seed"]] = task["eval"]
     for env_id in TASKS:
         for seed in SEEDS:
@@ -78,8 +82,10 @@ def main() -> None:
     ]
     (HERE / "runs.json").write_text(json.dumps(records, indent=1) + "\n")
 
-    print("| task (steps) | d4pg.py, seeds 1-5: last (best) | IQM | RL Zoo TD3, seeds 1-5 | IQM |"
-          " rank test p | last >= best / 2 | dips (d4pg / TD3) |")
+    print(
+        "| task (steps) | d4pg.py, seeds 1-5: last (best) | IQM | RL Zoo TD3, seeds 1-5 | IQM |"
+        " rank test p | last >= best / 2 | dips (d4pg / TD3) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     wins = 0
     for env_id, (steps, *_) in TASKS.items():
@@ -101,7 +107,10 @@ def main() -> None:
             wins += iqm(last) >= iqm(peer_last)
         else:
             row.append("")
-        row += [f"{held}/{len(done)}", f"{sum(map(dips, done))} / {sum(dips(c) for c in peer if c)}"]
+        row += [
+            f"{held}/{len(done)}",
+            f"{sum(map(dips, done))} / {sum(dips(c) for c in peer if c)}",
+        ]
         print("| " + " | ".join(row) + " |")
     print(f"\nd4pg's final IQM at least TD3's in {wins} task(s) with 5 seeds on both sides")
     print("\n| task | seed | d4pg.py evaluations |\n|---|---|---|")
