@@ -7,7 +7,10 @@ results/naf-ablations/runs.json (same preset, same machine) are read from there.
 """
 
 import argparse
+import dataclasses
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +28,39 @@ TASKS = {  # env id: (steps, --v-min, --v-max, its name in naf-ablations' runs.j
     "Reacher-v5": (50_000, -60, 0, None),
 }
 SEEDS = range(1, 6)
+# what a run may set beside the file's defaults: the task, its budget and support, bookkeeping
+PER_RUN = (
+    "env_id seed total_steps v_min v_max eval_interval checkpoint_interval run_dir resume device"
+)
+
+
+def file_defaults() -> dict:
+    """algos/d4pg.py's Args defaults less PER_RUN, read from the file itself."""
+    spec = importlib.util.spec_from_file_location("d4pg", HERE.parents[1] / "algos" / "d4pg.py")
+    module = sys.modules["d4pg"] = importlib.util.module_from_spec(spec)  # dataclass needs it there
+    spec.loader.exec_module(module)
+    fields = dataclasses.fields(module.Args)
+    return {f.name: f.default for f in fields if f.name not in PER_RUN.split()}
+
+
+def check_config(folder: Path, env_id: str, defaults: dict) -> None:
+    """Refuse a run that set anything but its task's budget and support (TASKS)."""
+    config = json.loads((folder / "config.json").read_text())
+    steps, v_min, v_max, _ = TASKS[env_id]
+    wanted = defaults | {"total_steps": steps, "v_min": v_min, "v_max": v_max}
+    differs = {key: config.get(key) for key, value in wanted.items() if config.get(key) != value}
+    if differs:
+        raise SystemExit(f"{folder}: not the defaults: {differs}")
 
 
 def d4pg_runs(roots: list[Path]) -> dict[tuple[str, int], list[list[float]]]:
-    runs = {}
+    runs, defaults = {}, file_defaults()
     for root in roots:
         for env_id in TASKS:
             for seed in SEEDS:
                 folder = root / env_id / f"s{seed}"
                 if (folder / "summary.json").exists():
+                    check_config(folder, env_id, defaults)
                     curve = read_scalars(folder, ["eval/episodic_return"])["eval/episodic_return"]
                     runs[env_id, seed] = [[step, value] for step, value in curve]
     return runs
@@ -61,12 +88,17 @@ def td3_runs(root: Path) -> dict[tuple[str, int], list[list[float]]]:
     return runs
 
 
+def below_half(value: float, best: float) -> bool:
+    """value < half of best, measured from best so that it holds for negative returns too."""
+    return value < best - 0.5 * abs(best)
+
+
 def dips(curve: list[list[float]]) -> int:
     """Evaluations below half the best after the curve first came within 10% of it."""
     values = [v for _, v in curve]
     best = max(values)
     first = next(i for i, v in enumerate(values) if v >= best - 0.1 * abs(best))
-    return sum(v < best - 0.5 * abs(best) for v in values[first:])
+    return sum(below_half(v, best) for v in values[first:])
 
 
 def main() -> None:
@@ -93,7 +125,7 @@ def main() -> None:
         peer = [td3.get((env_id, s)) for s in SEEDS]
         done = [c for c in ours if c]
         last = [c[-1][1] for c in done]
-        held = sum(c[-1][1] >= max(v for _, v in c) - 0.5 * abs(max(v for _, v in c)) for c in done)
+        held = sum(not below_half(c[-1][1], max(v for _, v in c)) for c in done)
         cells = ", ".join(
             f"{c[-1][1]:,.1f} ({max(v for _, v in c):,.1f})" if c else "-" for c in ours
         )
