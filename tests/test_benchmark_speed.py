@@ -40,6 +40,8 @@ args = parser.parse_args()
 compiled = getattr(args, "compile", False)
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(f"{{SIDE}} {{'compiled' if compiled else 'eager'}} {{os.environ.get('OMP_NUM_THREADS')}}\\n")
+if "FAKE_IDS" in os.environ:  # (session, process group, pid) of the run
+    Path(os.environ["FAKE_IDS"]).write_text(f"{{os.getsid(0)}} {{os.getpgid(0)}} {{os.getpid()}}")
 time.sleep(0.3)  # start-up
 run_dir = Path(args.run_dir)
 run_dir.mkdir(parents=True)
@@ -185,6 +187,22 @@ def test_sigterm_leaves_no_run_and_no_worktree_behind(repo: Path, tmp_path: Path
     running = subprocess.run(["pgrep", "-f", str(repo)], capture_output=True, text=True).stdout
     assert not running.strip(), running
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_run_has_its_own_process_group_in_the_callers_session(
+    repo: Path, tmp_path: Path, monkeypatch
+):
+    """Its own group, so that a cut or a stop ends it whole; the caller's session, because on Linux
+    a new session is a new scheduler autogroup, which would share the CPU equally with niced
+    background jobs instead of taking precedence over them."""
+    ids = tmp_path / "ids"
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "order.log"))
+    monkeypatch.setenv("FAKE_IDS", str(ids))
+    assert (
+        speed.measure(("fake",), "off", None, 1, speed.Options(), repo / "algos", specs=SPECS) == 0
+    )
+    session, group, pid = map(int, ids.read_text().split())
+    assert session == os.getsid(0) and group == pid != os.getpgid(0)
 
 
 def test_a_spent_budget_starts_nothing(repo: Path, tmp_path: Path, monkeypatch, capsys):
