@@ -1,12 +1,14 @@
 """The live progress display: which runs are running (and where, and how far), and an ETA for
 the sweep; a status block redrawn in place on a terminal, plain lines every `interval_s` in CI logs.
 
-The ETA: a running run's time left is its elapsed time scaled by the steps it has left (from the
-progress line the algorithm prints), or, before its first progress line, the expected duration
-less its elapsed time. A queued run is expected to last as long as the finished runs of its
-preset did on average (else as the running ones are projected to, else as all finished runs).
-The queue is then dealt to the `slots` runs at once, each next run to the slot that frees first;
-the sweep ends when the last slot does. "?" until any duration is known.
+The ETA: a running run's time left is the steps it has left (from the progress line the algorithm
+prints) at the speed it made over its last RATE_WINDOW_S of progress lines: a run that slows down
+(DQN once learning starts) or resumed from a checkpoint halfway is not projected from its start.
+Before two progress lines, it is the expected duration less its elapsed time. A queued run is
+expected to last as long as the finished runs of its preset did on average (else as long as the
+running ones would take at their current speed, else as all finished runs). The queue is then
+dealt to the `slots` runs at once, each next run to the slot that frees first; the sweep ends
+when the last slot does. "?" until any duration is known.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import heapq
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .runner import Job
 
 TTY_REFRESH_S = 1.0
+RATE_WINDOW_S = 600.0  # a running run's speed: over its progress lines of the last ten minutes
 
 
 def _duration(seconds: float) -> str:
@@ -44,6 +48,15 @@ class Running:
     start: float
     where: str
     progress: tuple[int, int] | None = None
+    # (time, step) of its progress lines: the last one before the window and all in it
+    seen: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def seconds_per_step(self) -> float | None:
+        """The run's recent speed, or None before it has made steps between two progress lines."""
+        if len(self.seen) < 2 or self.seen[-1][1] <= self.seen[0][1]:
+            return None
+        (t0, s0), (t1, s1) = self.seen[0], self.seen[-1]
+        return (t1 - t0) / (s1 - s0)
 
 
 class Progress:
@@ -84,11 +97,12 @@ class Progress:
         own = self.durations.get(job.preset.name)
         if own:
             return sum(own) / len(own)
-        now = self.clock()
         projected = [
-            (now - r.start) * r.progress[1] / r.progress[0]
+            pace * r.progress[1]
             for r in self.running.values()
-            if r.job.preset.name == job.preset.name and r.progress and r.progress[0] > 0
+            if r.job.preset.name == job.preset.name
+            and r.progress
+            and (pace := r.seconds_per_step()) is not None
         ]
         if projected:
             return sum(projected) / len(projected)
@@ -96,12 +110,12 @@ class Progress:
         return sum(everything) / len(everything) if everything else None
 
     def _left(self, run: Running) -> float | None:
-        elapsed = self.clock() - run.start
-        if run.progress and run.progress[0] > 0:
+        now, pace = self.clock(), run.seconds_per_step()
+        if run.progress and pace is not None:
             step, total = run.progress
-            return max(0.0, elapsed * (total - step) / step)
+            return max(0.0, pace * (total - step) - (now - run.seen[-1][0]))
         expected = self._expected(run.job)
-        return None if expected is None else max(0.0, expected - elapsed)
+        return None if expected is None else max(0.0, expected - (now - run.start))
 
     def eta(self) -> float | None:
         """Seconds until the sweep ends, or None while unknown."""
@@ -145,8 +159,15 @@ class Progress:
 
     def progressed(self, job: Job, progress: tuple[int, int] | None) -> None:
         with self.lock:
-            if job.key in self.running and progress is not None:
-                self.running[job.key].progress = progress
+            run = self.running.get(job.key)
+            if run is None or progress is None:
+                return
+            now, seen = self.clock(), run.seen
+            run.progress = progress
+            if not seen or progress[0] != seen[-1][1]:
+                seen.append((now, progress[0]))
+            while len(seen) > 2 and seen[1][0] <= now - RATE_WINDOW_S:
+                seen.popleft()
 
     def finished(self, record: dict[str, Any]) -> None:
         key = f"{record['preset']}/seed{record['seed']}"

@@ -1391,10 +1391,13 @@ def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
     assert progress.eta() is None and "1/5 done" in progress.line() and "eta ?" in progress.line()
     progress.started(jobs["a/seed1"], "local")
     progress.started(jobs["b/seed1"], "host:n1")
+    clock[0] = 40.0
+    progress.progressed(jobs["a/seed1"], (30, 200))
+    assert "a/seed1 15% [local]" in progress.line()  # one progress line: its speed is not known yet
     clock[0] = 60.0
-    progress.progressed(jobs["a/seed1"], (50, 200))  # a quarter in 60 s: 180 s left, 240 s in all
+    progress.progressed(jobs["a/seed1"], (50, 200))  # 1 s per step: 150 s left, 200 s for a run
     line = progress.line()
-    assert "2 running, 2 queued" in line and "a/seed1 25%, 3m00s left [local]" in line
+    assert "2 running, 2 queued" in line and "a/seed1 25%, 2m30s left [local]" in line
     assert "b/seed1 starting [host:n1]" in line and "eta ?" in line  # nothing known about b yet
     progress.finished(
         {
@@ -1405,15 +1408,42 @@ def test_progress_shows_running_runs_and_eta(tmp_path: Path, zoo):
             "summary": {"eval_mean": 1.0},
         }
     )
-    # Slots free at 180 s (a/seed1) and now; a/seed2 and a/seed3 take 240 s each (projected from
-    # a/seed1): one starts now and ends at 240 s, the other at 180 + 240 = 420 s.
-    assert progress.eta() == pytest.approx(420.0)
+    # Slots free at 150 s (a/seed1) and now; a/seed2 and a/seed3 take 200 s each (a/seed1's
+    # speed): one starts now and ends at 200 s, the other at 150 + 200 = 350 s.
+    assert progress.eta() == pytest.approx(350.0)
     assert "2/5 done (0 failed, 1 from before) | 1 running, 2 queued" in progress.line()
     progress.finished(
         {"preset": "a", "seed": 1, "status": "failed", "wall_time_s": 200.0, "reason": "x"}
     )
     assert progress.eta() == pytest.approx(200.0)  # 2 runs of a's measured 200 s, on 2 slots
     assert "3/5 done (1 failed" in progress.line()
+
+
+def test_progress_projects_a_run_from_its_recent_speed(tmp_path: Path, zoo):
+    """A run that slows down (DQN once it starts learning) or resumed from a checkpoint is
+    projected at the speed of its last RATE_WINDOW_S, not from its start."""
+    zoo(preset_toml("a", seeds=2))
+    presets = load_zoo(tmp_path / "zoo.toml", tmp_path / "algos")
+    jobs = {j.key: j for j in plan_jobs(list(presets.values()), "full", tmp_path / "runs")}
+    clock = [0.0]
+    progress = Progress(
+        list(jobs.values()), 0, 2, stream=open(os.devnull, "w"), clock=lambda: clock[0]
+    )
+    progress.started(jobs["a/seed1"], "local")
+    progress.started(jobs["a/seed2"], "local")
+    progress.progressed(jobs["a/seed2"], (400_000, 500_000))  # resumed from its checkpoint
+    for t, step in ((10, 10_000), (20, 20_000), (30, 30_000), (40, 30_000)):
+        clock[0] = t
+        progress.progressed(jobs["a/seed1"], (step, 500_000))  # 1,000 steps/s before learning
+    for t in range(100, 1400, 100):
+        clock[0] = t
+        progress.progressed(jobs["a/seed1"], (30_000 + 10 * (t - 40), 500_000))  # then 10 steps/s
+        progress.progressed(jobs["a/seed2"], (400_000 + 10 * t, 500_000))
+    # 1,300 s in: seed1 at 42,600 steps, 10 steps/s over the last ten minutes -> 45,740 s left
+    # (from its start: 28,153 s); seed2 at 413,000 -> 8,700 s (from its start: 274 s).
+    line = progress.line()
+    assert "a/seed1 9%, 12h42m left" in line and "a/seed2 83%, 2h25m left" in line
+    assert progress.eta() == pytest.approx(45_740.0)
 
 
 class Terminal(io.StringIO):
