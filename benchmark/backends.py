@@ -44,6 +44,7 @@ from .runner import (
     RECORD_NAME,
     Job,
     check_run,
+    end_attempt,
     execute,
     make_record,
     now,
@@ -223,6 +224,7 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
                 env,
                 lambda progress: calls.on_progress(job, progress),
             )
+            end_attempt(job.run_dir, result)
             host = provenance.run_host(job.run_dir, {**os.environ, **env})
             return make_record(
                 job,
@@ -391,6 +393,7 @@ def ray_task(
                 wait_policy(side_by_side=True),  # Ray packs several runs on a node
                 on_poll=poll,
             )
+            end_attempt(run_dir, result)
         finally:
             if stored is not None:
                 stored.upload(run_dir)

@@ -38,7 +38,9 @@ def describe(record: dict[str, Any]) -> str:
     """One line for a finished run."""
     name = f"{record['preset']} seed{record['seed']}"
     if record["status"] == "ok":
-        return f"ok     {name}: eval {record['summary']['eval_mean']:.1f}, {record['wall_time_s']:.0f} s"
+        wall = record["wall_time_s"]  # None: an attempt of a resumed run was killed unmeasured
+        took = "wall time unknown" if wall is None else f"{wall:.0f} s"
+        return f"ok     {name}: eval {record['summary']['eval_mean']:.1f}, {took}"
     return f"FAILED {name}: {record['reason']}"
 
 

@@ -4,8 +4,9 @@ A sweep lives in `<runs_dir>/<sweep>/`: `sweep.json` (mode, budget scale, the co
 that ran it), `manifest.json` (the tables of the presets it ran, as they were: the report reads
 targets and references from this copy, not from today's zoo) and one folder per run,
 `<preset>/seed<k>/`, which is the algorithm's run directory plus the runner's `benchmark.log`
-(the run's stdout and stderr), `attempts.json` (the code and host of each attempt that trained it)
-and `run.json` (the record, with its curves and provenance). A run
+(the run's stdout and stderr), `attempts.json` (the code, host, wall time and peak memory of each attempt that trained it)
+and `run.json` (the record, with its curves and provenance; a resumed run's wall time is the sum
+of its attempts' and its peak memory their largest). A run
 whose `run.json` says "ok" is skipped when the sweep runs again. A run that did not finish but
 left `checkpoints/latest.pt` (saved on SIGTERM at the time limit or on Ctrl-C, or at a
 checkpoint interval) continues from it with `--resume`, appending to its log; one without a
@@ -511,6 +512,28 @@ def start_attempt(run_dir: Path, code: dict[str, Any]) -> None:
     write_json(path, [*attempts, {**code, "host": platform.node(), "started": now()}])
 
 
+def end_attempt(run_dir: Path, result: dict[str, Any]) -> None:
+    """Note in the run folder's list what `execute` measured of this (its last) attempt."""
+    path = run_dir / ATTEMPTS_NAME
+    attempts = json.loads(path.read_text())
+    attempts[-1] |= {key: result.get(key) for key in ("wall_time_s", "peak_rss_mb")}
+    write_json(path, attempts)
+
+
+def _all_attempts(checked: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """A resumed run's wall time over all its attempts (None when one of them did not note its
+    own: it was killed, or ran before attempts noted it) and its peak memory over those that did;
+    the last attempt's wall time stays as `attempt_wall_time_s`."""
+    walls = [a.get("wall_time_s") for a in earlier] + [checked.get("wall_time_s")]
+    peaks = [a.get("peak_rss_mb") for a in earlier] + [checked.get("peak_rss_mb")]
+    return {
+        **checked,
+        "wall_time_s": None if None in walls else round(sum(walls), 2),  # type: ignore[arg-type]
+        "attempt_wall_time_s": checked.get("wall_time_s"),
+        "peak_rss_mb": max((m for m in peaks if m is not None), default=None),
+    }
+
+
 def make_record(
     job: Job,
     checked: dict[str, Any],
@@ -521,7 +544,7 @@ def make_record(
     """Write a run's record (`run.json`) from `check_run`'s result; `resumed`: this attempt
     continued from an earlier attempt's checkpoint; `provenance`: the code's version and the host's.
     A resumed run's provenance adds `earlier_attempts` (see `start_attempt`; None where the folder
-    predates that list)."""
+    predates that list), and its wall time and peak memory count every attempt."""
     preset = job.preset
     if resumed:
         path = job.run_dir / ATTEMPTS_NAME
@@ -530,6 +553,7 @@ def make_record(
             **provenance,
             "earlier_attempts": attempts[:-1] if len(attempts) > 1 else None,
         }
+        checked = _all_attempts(checked, attempts[:-1] or [{}])
     record = {
         "preset": preset.name,
         "algo": preset.algo,

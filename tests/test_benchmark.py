@@ -27,7 +27,7 @@ from benchmark import provenance
 from benchmark.__main__ import main
 from benchmark.backends import Machine, Storage
 from benchmark.manifest import ZooError, load_zoo, tomllib
-from benchmark.progress import Progress
+from benchmark.progress import Progress, describe
 from benchmark.runner import build_datasets, execute, plan_jobs
 
 ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
@@ -806,6 +806,10 @@ def test_a_run_resumed_across_commits_keeps_each_attempts_commit(tmp_path: Path,
         False,
         os.uname().nodename,
     )
+    # its wall time is both attempts' (the first ran to its 10 s limit), its peak memory the larger
+    assert earlier["wall_time_s"] >= 10 and 0 < rec["attempt_wall_time_s"] < 10
+    assert rec["wall_time_s"] == round(earlier["wall_time_s"] + rec["attempt_wall_time_s"], 2)
+    assert rec["peak_rss_mb"] >= earlier["peak_rss_mb"] > 0
     report = (tmp_path / "results/x/report.md").read_text()
     assert (
         f"runs at commit(s) {', '.join(f'`{c[:10]}`' for c in sorted([first, second]))} (dirty: False)"
@@ -1444,6 +1448,10 @@ def test_progress_projects_a_run_from_its_recent_speed(tmp_path: Path, zoo):
     line = progress.line()
     assert "a/seed1 9%, 12h42m left" in line and "a/seed2 83%, 2h25m left" in line
     assert progress.eta() == pytest.approx(45_740.0)
+    killed_once = {"preset": "a", "seed": 2, "status": "ok", "wall_time_s": None}
+    assert describe({**killed_once, "summary": {"eval_mean": 1.0}}) == (
+        "ok     a seed2: eval 1.0, wall time unknown"
+    )
 
 
 class Terminal(io.StringIO):

@@ -185,6 +185,9 @@ def a_run_on_a_killed_node_resumes_from_storage(tmp_path: Path, sweep, cluster) 
         )
         (earlier,) = rec["provenance"]["earlier_attempts"]  # the attempt on the killed node
         assert earlier["host"] and earlier["started"] < rec["provenance"]["finished"]
+        # the killed attempt noted no wall time, so the run's total is unknown, not understated
+        assert "wall_time_s" not in earlier and rec["wall_time_s"] is None
+        assert rec["attempt_wall_time_s"] > 0
         log = (tmp_path / "runs/kill/stall/seed1/benchmark.log").read_text()
         assert (
             log.count("attempt on node") == 2
