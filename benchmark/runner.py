@@ -4,9 +4,9 @@ A sweep lives in `<runs_dir>/<sweep>/`: `sweep.json` (mode, budget scale, the co
 that ran it), `manifest.json` (the tables of the presets it ran, as they were: the report reads
 targets and references from this copy, not from today's zoo) and one folder per run,
 `<preset>/seed<k>/`, which is the algorithm's run directory plus the runner's `benchmark.log`
-(the run's stdout and stderr), `attempts.json` (the code, host, wall time and peak memory of each attempt that trained it)
-and `run.json` (the record, with its curves and provenance; a resumed run's wall time is the sum
-of its attempts' and its peak memory their largest). A run
+(the run's stdout and stderr), `attempts.json` (the code, host, wall time and peak memory of
+each attempt that trained it) and `run.json` (the record, with its curves and provenance; a
+resumed run's wall time is the sum of its attempts' and its peak memory their largest). A run
 whose `run.json` says "ok" is skipped when the sweep runs again. A run that did not finish but
 left `checkpoints/latest.pt` (saved on SIGTERM at the time limit or on Ctrl-C, or at a
 checkpoint interval) continues from it with `--resume`, appending to its log; one without a
