@@ -1448,6 +1448,9 @@ def test_progress_projects_a_run_from_its_recent_speed(tmp_path: Path, zoo):
     line = progress.line()
     assert "a/seed1 9%, 12h42m left" in line and "a/seed2 83%, 2h25m left" in line
     assert progress.eta() == pytest.approx(45_740.0)
+
+
+def test_a_finished_run_whose_wall_time_is_unknown_says_so():
     killed_once = {"preset": "a", "seed": 2, "status": "ok", "wall_time_s": None}
     assert describe({**killed_once, "summary": {"eval_mean": 1.0}}) == (
         "ok     a seed2: eval 1.0, wall time unknown"

@@ -50,10 +50,10 @@ run_dir.mkdir(parents=True)
 writer = EventFileWriter(str(run_dir))
 start, per_step = time.time(), SLEEP / 2 if compiled else SLEEP
 for step in range(1, int(args.total_steps) + 1):
-    if compiled and step == 3:
-        time.sleep(1.0)  # compilation: before the warm-up ends, so left out
+    if compiled and step == 15:
+        time.sleep(1.0)  # compilation: after the first logged point, before the warm-up ends
     time.sleep(per_step)
-    clock = start + (1.0 if compiled and step >= 3 else 0.0) + step * per_step
+    clock = start + (1.0 if compiled and step >= 15 else 0.0) + step * per_step
     if step % 10 == 0:
         value = Summary.Value(tag="charts/SPS", simple_value=0.0)
         writer.add_event(Event(wall_time=clock, step=step, summary=Summary(value=[value])))
