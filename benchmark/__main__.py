@@ -431,19 +431,6 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     requirements = _requirements(sweep)
     if full:
         _check_committed(full.results_dir / name, mode, budget)
-    if sweep.dry_run:
-        jobs = plan_jobs(
-            chosen,
-            mode,
-            sweep_dir,
-            seeds=full.seeds if full else None,
-            steps_scale=full.steps_scale if full else 1.0,
-            total_steps=full.total_steps if full else None,
-            timeout_scale=sweep.timeout_scale,
-        )
-        todo = [job for job in jobs if not finished_ok(job)]
-        return dry_run(name, jobs, todo, sweep.workers, full.results_dir if full else None)
-    open_sweep(sweep_dir, mode, budget, command, chosen)
     jobs = plan_jobs(
         chosen,
         mode,
@@ -454,6 +441,9 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
         timeout_scale=sweep.timeout_scale,
     )
     todo = [job for job in jobs if not finished_ok(job)]
+    if sweep.dry_run:
+        return dry_run(name, jobs, todo, sweep.workers, full.results_dir if full else None)
+    open_sweep(sweep_dir, mode, budget, command, chosen)
     print(
         f"sweep {name}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished; "
         f"raw outputs in {sweep_dir} (re-run with --name {name} to resume)",
