@@ -1294,6 +1294,68 @@ def test_readme_lists_every_preset_and_what_was_not_run_at_this_definition(
     )
 
 
+def test_readme_says_when_a_resumed_sweep_ran_one_version_of_the_algorithm_files(
+    tmp_path: Path, zoo
+):
+    """A sweep resumed across commits: commits that changed only the tooling hold the same
+    algorithm files, said in one line; a commit that changed an algorithm file is another
+    version. A command run several times (each resumption) is listed once."""
+    args = zoo(preset_toml("a", seeds=2), preset_toml("b"))
+    _git(tmp_path, "init", "-q")
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
+    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
+    _git(tmp_path, *commit, "-m", "first")
+    first = _git(tmp_path, "rev-parse", "HEAD")
+    results_dir = tmp_path / "results"
+    sweep = ["full", *args, "--name", "s", "--results-dir", str(results_dir)]
+    assert main(sweep) == 0
+    assert main(sweep) == 0  # resumed: every run already finished
+    readme = tmp_path / "README.md"
+    readme.write_text("# T\n<!-- results:start -->\n<!-- results:end -->\n")
+    flags = ["readme", "--readme", str(readme), "--results-dir", str(results_dir), *args[:4]]
+
+    def stamp(*commits: str) -> str:
+        """The committed runs, stamped with these commits in turn; the README generated."""
+        path = results_dir / "s/results.json"
+        results = json.loads(path.read_text())
+        for run, c in zip(results["runs"], commits):
+            run["provenance"]["commit"] = c
+        path.write_text(json.dumps(results))
+        assert main(flags) == 0
+        return readme.read_text()
+
+    (tmp_path / "tool.txt").write_text("the runner changed\n")
+    _git(tmp_path, "add", "tool.txt")
+    _git(tmp_path, *commit, "-m", "tooling")
+    tooling = _git(tmp_path, "rev-parse", "HEAD")
+    text = stamp(first, tooling, first)
+    assert "- the runs' 2 commits hold the same algorithm files; changed since: none" in text
+    assert "algorithm files changed since commit" not in text and "versions" not in text
+    assert text.count("    python -m benchmark full") == 1
+    shutil.rmtree(results_dir / "s")  # the report from the raw sweep alone, both invocations
+    report = ["report", "--name", "s", "--runs-dir", args[5], "--results-dir", str(results_dir)]
+    assert main(report) == 0
+    assert (results_dir / "s/report.md").read_text().count("  - `python -m benchmark full") == 1
+
+    with open(tmp_path / "algos/fake.py", "a") as f:
+        f.write("# a change\n")
+    _git(tmp_path, *commit, "-am", "algorithm")
+    algorithm = _git(tmp_path, "rev-parse", "HEAD")
+    text = stamp(first, tooling, algorithm)
+    pair = ", ".join(f"`{c[:10]}`" for c in sorted([first, tooling]))
+    assert "- the runs ran 2 different versions of the algorithm files" in text
+    assert f"- commits {pair} hold the same algorithm files; changed since: 1 of 1: `fake.py`" in (
+        text
+    )
+    assert f"- algorithm files changed since commit `{algorithm[:10]}`: none" in text
+
+    # A commit this clone lacks is not called another version: git cannot say what it holds.
+    text = stamp(first, "f" * 40, first)
+    assert "versions" not in text
+    assert f"- algorithm files changed since commit `{first[:10]}`: 1 of 1: `fake.py`" in text
+    assert f"- algorithm files changed since commit `{'f' * 10}`: unknown" in text
+
+
 def test_the_committed_readme_block_is_what_readme_generates():
     """README.md's results table is generated, never typed: it must equal `python -m benchmark
     readme`'s output for the committed results and today's zoo (run that command after a sweep,
