@@ -180,6 +180,10 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
         "sps_mean": _mean(ok, "sps"),
         "wall_time_s_mean": _mean(ok, "wall_time_s"),
         "peak_rss_mb_max": max(_measured(ok, "peak_rss_mb"), default=None),
+        # How many finished runs the two above are over: a run resumed from an attempt that could
+        # not note its wall time or memory has none.
+        "measured_runs": {key: len(_measured(ok, key)) for key in ("wall_time_s", "peak_rss_mb")},
+        "finished_runs": len(ok),
         "dataset": preset.dataset.command(preset.env_id) if preset.dataset else None,
     }
 
@@ -270,6 +274,19 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
+def _of_runs(p: dict[str, Any], key: str) -> str:
+    """' (k of n runs)' where only k of a preset's n finished runs have the measurement `key`."""
+    measured, finished = p["measured_runs"][key], p["finished_runs"]
+    return "" if measured in (0, finished) else f" ({measured} of {finished} runs)"
+
+
+def _wall_time(p: dict[str, Any]) -> str:
+    mean = p["wall_time_s_mean"]
+    if mean is None:
+        return "unknown" if p["finished_runs"] else "—"
+    return f"{mean / 60:,.1f} min" + _of_runs(p, "wall_time_s")
+
+
 def _score(stats: dict[str, Any]) -> str:
     if not stats["n"]:
         return "—"
@@ -348,7 +365,7 @@ def preset_table(results: dict[str, Any], plots: Path | None, prefix: str = "") 
             _target(p["target"]),
             _efficiency(p["sample_efficiency"]),
             _num(p["sps_mean"], 0),
-            _num(p["wall_time_s_mean"] and p["wall_time_s_mean"] / 60) + " min",
+            _wall_time(p),
         ]
         if plots is not None:
             row.append(_plot_link(plots, name, prefix))
@@ -402,7 +419,12 @@ def _preset_section(
             f"{_interval(n['iqm'], n['iqm_ci95'], 3)} "
             f"(random {n['random']:g}, {n['name']} {n['reference']:g}; {n['source']})"
         )
-    lines.append(f"- peak memory: {_num(p['peak_rss_mb_max'], 0)} MB")
+    memory = p["peak_rss_mb_max"]
+    lines.append(
+        "- peak memory: "
+        + ("unknown" if memory is None else f"{_num(memory, 0)} MB")
+        + _of_runs(p, "peak_rss_mb")
+    )
     if p["dataset"]:
         lines.append(f"- dataset: {p['dataset']}")
     for ref in p["references"]:

@@ -1167,6 +1167,27 @@ def committed_sweep(results_dir: Path, name: str, scores: dict[str, list[float |
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+def test_the_report_says_how_many_runs_its_wall_time_and_memory_are_over(tmp_path: Path, zoo):
+    """A run resumed from an attempt that could not note its wall time or memory has neither:
+    the preset's mean wall time and peak memory then cover only some of its runs, and say so."""
+    args = ["--results-dir", str(tmp_path / "results"), "--runs-dir", str(tmp_path / "runs")]
+    committed_sweep(tmp_path / "results", "s", {"part": [1.0, 2.0, 3.0], "none": [1.0, 2.0]})
+    path = tmp_path / "results/s/results.json"
+    results = json.loads(path.read_text())
+    for run, wall, peak in zip(
+        results["runs"], [None, 60.0, 120.0, None, None], [None, 500.0, 700.0, None, None]
+    ):
+        run["wall_time_s"], run["peak_rss_mb"] = wall, peak
+    path.write_text(json.dumps(results))
+    assert main(["report", "--name", "s", *args]) == 0
+    text = (tmp_path / "results/s/report.md").read_text()
+    assert "| 1.5 min (2 of 3 runs) |" in text and "- peak memory: 700 MB (2 of 3 runs)" in text
+    none = next(line for line in text.splitlines() if line.startswith("| none |"))
+    assert (
+        none.endswith("| — | unknown | — |") and "- peak memory: unknown" in text
+    )  # SPS, plot: none
+
+
 def test_compare_gives_a_verdict_only_where_the_seeds_support_one(tmp_path: Path, capsys):
     results = ["--results-dir", str(tmp_path / "results"), "--runs-dir", str(tmp_path / "runs")]
     committed_sweep(
