@@ -18,6 +18,7 @@ sweep cancels the tasks, whose runs get SIGTERM (checkpoint, copy, exit).
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
 import os
@@ -196,16 +197,25 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
     _gpu_note(jobs, len(machine.gpus))
     turn = threading.Condition()
     cancelled = threading.Event()
+    # The places (in the sweep's order) of the jobs waiting for resources. Only the first may
+    # take them: otherwise a thread that has just given back one CPU takes it again for its next
+    # 1-CPU job before a job waiting for two can, and that job waits until the queue is empty.
+    waiting: list[int] = []
 
-    def run(job: Job) -> dict[str, Any] | None:
+    def run(place: int, job: Job) -> dict[str, Any] | None:
         request = (
             min(math.ceil(job.preset.num_cpus), total_cpus),
             job.memory_gb,
             job.preset.num_gpus if has_gpus else 0,
         )
         with turn:
-            while not cancelled.is_set() and (ids := machine.take(*request)) is None:
+            bisect.insort(waiting, place)
+            while not cancelled.is_set() and (
+                waiting[0] != place or (ids := machine.take(*request)) is None
+            ):
                 turn.wait()
+            waiting.remove(place)
+            turn.notify_all()  # the next in line may fit beside this one
             if cancelled.is_set():
                 return None
         try:
@@ -253,7 +263,7 @@ def run_local(jobs: list[Job], machine: Machine, repo: Path, calls: Callbacks) -
     ordered = sorted(runnable, key=lambda job: -job.timeout_s)
     pool = ThreadPoolExecutor(max_workers=max(1, machine.cpus))
     try:
-        for future in as_completed([pool.submit(run, job) for job in ordered]):
+        for future in as_completed([pool.submit(run, i, job) for i, job in enumerate(ordered)]):
             calls.on_finish(future.result())  # type: ignore[arg-type]  # None only once cancelled
     except BaseException:
         cancelled.set()

@@ -674,6 +674,29 @@ def _overlap(a: dict, b: dict) -> bool:
     )
 
 
+def test_a_job_waiting_for_two_cpus_is_not_overtaken_by_later_one_cpu_jobs(tmp_path: Path, zoo):
+    """Two workers, a 2-CPU job queued between 1-CPU ones: it runs as soon as both CPUs are
+    free, before the 1-CPU jobs queued after it (a worker that gives back one CPU must not take
+    it again for its next job while the 2-CPU job waits)."""
+    args = zoo(
+        preset_toml("before", seeds=2),
+        preset_toml("pair", extra="num_cpus = 2"),
+        preset_toml("after", seeds=4),
+    )
+    flags = ["--name", "fifo", "--workers", "2", "--results-dir", str(tmp_path / "results")]
+    assert main(["full", *args, *flags]) == 0
+    pair = record(tmp_path, "fifo", "pair")
+    for seed in (1, 2):
+        assert (
+            record(tmp_path, "fifo", "before", seed)["summary"]["ended"]
+            <= (pair["summary"]["began"])
+        )
+    for seed in range(1, 5):
+        assert (
+            pair["summary"]["ended"] <= record(tmp_path, "fifo", "after", seed)["summary"]["began"]
+        )
+
+
 def test_local_backend_honours_memory_and_gpu_requests(tmp_path: Path, zoo, capsys):
     big = "memory_gb = 0.6"
     args = zoo(
