@@ -781,12 +781,18 @@ def _git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def _repository(tmp_path: Path) -> tuple[list[str], str]:
+    """A git repository of the fake zoo: git's arguments to commit, and its first commit."""
+    _git(tmp_path, "init", "-q")
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
+    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
+    _git(tmp_path, *commit, "-m", "first")
+    return commit, _git(tmp_path, "rev-parse", "HEAD")
+
+
 def test_each_run_records_its_provenance(tmp_path: Path, zoo):
     args = zoo(preset_toml("a"))
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
-    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "fake")
-    commit = _git(tmp_path, "rev-parse", "HEAD")
+    commit = _repository(tmp_path)[1]
     results = ["--results-dir", str(tmp_path / "results")]
     assert main(["full", *args, "--name", "clean", *results]) == 0
     prov = record(tmp_path, "clean", "a")["provenance"]
@@ -807,11 +813,7 @@ def test_a_run_resumed_across_commits_keeps_each_attempts_commit(tmp_path: Path,
     """A sweep resumed after a commit continues its unfinished runs: such a run trained under both
     commits, and its record says so (not only the commit that finished it)."""
     args = zoo(preset_toml("stall", args='behaviour = "stall-once"', timeout=10))
-    _git(tmp_path, "init", "-q")
-    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
-    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
-    _git(tmp_path, *commit, "-m", "first")
-    first = _git(tmp_path, "rev-parse", "HEAD")
+    commit, first = _repository(tmp_path)
     results = ["--results-dir", str(tmp_path / "results")]
     assert main(["full", *args, "--name", "x", *results]) == 1  # timed out halfway, checkpoint kept
     assert record(tmp_path, "x", "stall")["provenance"]["commit"] == first
@@ -1285,11 +1287,7 @@ def test_readme_lists_every_preset_and_what_was_not_run_at_this_definition(
     tmp_path: Path, zoo, capsys
 ):
     args = zoo(preset_toml("a", seeds=2), preset_toml("b"))
-    _git(tmp_path, "init", "-q")
-    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
-    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
-    _git(tmp_path, *commit, "-m", "first")
-    first = _git(tmp_path, "rev-parse", "HEAD")
+    commit, first = _repository(tmp_path)
     results_dir = tmp_path / "results"
     assert main(["full", *args, "--name", "s", "--results-dir", str(results_dir)]) == 0
     readme = tmp_path / "README.md"
@@ -1345,11 +1343,7 @@ def test_readme_says_when_a_resumed_sweep_ran_one_version_of_the_algorithm_files
     algorithm files, said in one line; a commit that changed an algorithm file is another
     version. A command run several times (each resumption) is listed once."""
     args = zoo(preset_toml("a", seeds=2), preset_toml("b"))
-    _git(tmp_path, "init", "-q")
-    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
-    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
-    _git(tmp_path, *commit, "-m", "first")
-    first = _git(tmp_path, "rev-parse", "HEAD")
+    commit, first = _repository(tmp_path)
     results_dir = tmp_path / "results"
     sweep = ["full", *args, "--name", "s", "--results-dir", str(results_dir)]
     assert main(sweep) == 0
