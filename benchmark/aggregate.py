@@ -313,6 +313,7 @@ def check_target(
         "mean": mean,
         "iqm": centre,
         "iqm_min": target.iqm_min,
+        "mean_min": target.mean_min,
     }
 
 

@@ -190,10 +190,12 @@ def summarize_preset(preset: Preset, records: list[dict[str, Any]], mode: str) -
 
 def normalised_aggregates(presets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per algorithm and normaliser: the IQM of the normalised scores pooled over its presets
-    (tasks), with the interval of a bootstrap stratified by preset."""
+    (tasks), with the interval of a bootstrap stratified by preset. Only presets with a target
+    are pooled: a report-only preset is an ablation or a baseline, not the algorithm as
+    benchmarked, and its own section still gives its normalised score."""
     groups: dict[tuple[str, str], dict[str, list[float]]] = {}
     for name, p in presets.items():
-        if p["normalised"] and p["normalised"]["scores"]:
+        if p["normalised"] and p["normalised"]["scores"] and p["target"]["status"] != "report only":
             groups.setdefault((p["algo"], p["normalised"]["name"]), {})[name] = p["normalised"][
                 "scores"
             ]
@@ -271,7 +273,11 @@ def build_results(sweep: dict[str, Any], presets: dict[str, Preset]) -> dict[str
 
 
 def _num(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None else f"{value:,.{digits}f}"
+    if value is None:
+        return "—"
+    text = f"{value:,.{digits}f}"
+    # A value that rounds to zero reads "0.0", not "-0.0".
+    return text[1:] if text.startswith("-") and not text.strip("-0.,") else text
 
 
 def _of_runs(p: dict[str, Any], key: str) -> str:
@@ -312,12 +318,20 @@ def _seeds(p: dict[str, Any]) -> str:
 def _target(target: dict[str, Any]) -> str:
     status = target["status"]
     if status in ("met", "missed"):
-        status = f"**{status}** ({target['passed_seeds']}/{target['of']} seeds)"
-        floor = target.get("iqm_min")
-        if floor is not None and (
-            target["iqm"] is None or target["iqm"] < floor
-        ):  # the seed count may pass while the IQM floor fails: name the floor
-            status += f", IQM {_num(target['iqm'], 1)} < {_num(floor, 1)}"
+        seeds = f"{target['passed_seeds']}/{target['of']} seeds"
+        # A floor on the mean or the IQM can fail whatever the seeds did: name it first, so that
+        # such a miss does not read as "missed (5/5 seeds)".
+        failed = [
+            f"{label} {_num(target[key], 1)} < {_num(target[floor], 1)}"
+            for label, key, floor in (("mean", "mean", "mean_min"), ("IQM", "iqm", "iqm_min"))
+            if target.get(floor) is not None
+            and (target[key] is None or target[key] < target[floor])
+        ]
+        status = (
+            f"**{status}**: {', '.join(failed)}; {seeds} pass"
+            if failed
+            else f"**{status}** ({seeds})"
+        )
     elif status == "not applicable":
         status = f"not applicable: {target['why']}"
     return status + (" (provisional)" if target.get("provisional") and target["text"] else "")

@@ -948,6 +948,7 @@ def test_target_on_the_iqm_and_on_keeping_half_of_the_best_evaluation(tmp_path: 
         preset_toml("kept", seeds=2, target=target),
         preset_toml("peak", seeds=2, args='behaviour = "peak"', target=target),
         preset_toml("low", seeds=2, target=target.replace("101.5", "101.6")),
+        preset_toml("mean", seeds=2, target=target.replace("iqm_min = 101.5", "mean_min = 102")),
     )
     results_dir = tmp_path / "results"
     assert main(["full", *args, "--name", "h", "--results-dir", str(results_dir)]) == 1
@@ -965,9 +966,10 @@ def test_target_on_the_iqm_and_on_keeping_half_of_the_best_evaluation(tmp_path: 
         2,
     )  # IQM 101.5
     report = (results_dir / "h/report.md").read_text()
-    assert (
-        "**missed** (2/2 seeds), IQM 101.5 < 101.6" in report and "**met** (2/2 seeds) |" in report
-    )
+    # A failed floor comes first, so that these misses do not read "missed (2/2 seeds)".
+    assert "| **missed**: IQM 101.5 < 101.6; 2/2 seeds pass |" in report
+    assert "| **missed**: mean 101.5 < 102.0; 2/2 seeds pass |" in report
+    assert "| **met** (2/2 seeds) |" in report and "| **missed** (0/2 seeds) |" in report
 
 
 def test_a_changed_preset_cannot_join_its_old_sweep(tmp_path: Path, zoo, capsys):
@@ -1067,10 +1069,13 @@ def test_full_sweep_report_plot_and_readme(tmp_path: Path, zoo, capsys):
 def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
     group = 'group = "g"\nreferences = [{name = "peer", score = 60, source = "s"}]'
     norm = '[{p}.normalise]\nname = "human"\nrandom = 1\nreference = 201\nsource = "paper"\n'
+    target = 'metric = "eval_mean"\nmin = 0\nat_least = 3\nof = 3\ntext = "t"'
     args = zoo(
-        preset_toml("base", seeds=3, extra=group) + norm.format(p="base"),
-        preset_toml("ablation", seeds=3, args="score = 50", extra=group)
-        + norm.format(p="ablation"),
+        preset_toml("base", seeds=3, extra=group, target=target) + norm.format(p="base"),
+        preset_toml("harder", seeds=3, args="score = 50", extra=group, target=target)
+        + norm.format(p="harder"),
+        # Report-only: an ablation has its own normalised score but is not pooled as the algorithm.
+        preset_toml("ablation", args="score = -1.01", extra=group) + norm.format(p="ablation"),
         preset_toml("alone"),
     )
     results_dir = tmp_path / "results"
@@ -1079,7 +1084,7 @@ def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
         == 0
     )
     results = json.loads((results_dir / "g/results.json").read_text())
-    assert results["groups"] == {"g": ["base", "ablation"]}
+    assert results["groups"] == {"g": ["base", "harder", "ablation"]}
     png = (results_dir / "g/plots/group-g.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
     # Scores 101, 102, 103: normalised (s - 1) / 200 = 0.5, 0.505, 0.51.
@@ -1087,19 +1092,24 @@ def test_comparison_group_and_normalised_scores(tmp_path: Path, zoo):
     assert base["scores"] == pytest.approx([0.5, 0.505, 0.51]) and base["iqm"] == pytest.approx(
         0.505
     )
+    assert results["presets"]["ablation"]["normalised"]["scores"] == pytest.approx(
+        [(-0.01 - 1) / 200]
+    )
     (agg,) = results["normalised"]
     assert (agg["algo"], agg["normaliser"], agg["presets"]) == (
         "fake",
         "human",
-        ["base", "ablation"],
+        ["base", "harder"],
     )
     # Pooled: 0.25, 0.255, 0.26, 0.5, 0.505, 0.51 -> trim one each side -> mean of the middle four.
     assert agg["iqm"] == pytest.approx((0.255 + 0.26 + 0.5 + 0.505) / 4)
     low, high = agg["iqm_ci95"]
     assert low < agg["iqm"] < high
     report = (results_dir / "g/report.md").read_text()
-    assert "- g: base, ablation — [plot](plots/group-g.png)" in report
-    assert "| fake | human | base, ablation | 0.380 [" in report
+    assert "- g: base, harder, ablation — [plot](plots/group-g.png)" in report
+    assert "| fake | human | base, harder | 0.380 [" in report
+    # The ablation's final evaluation, -0.01, reads 0.0 rather than -0.0.
+    assert "| ablation | Fake-v0 | 200 | 1 | 0.0 ± n/a | 0.0 [n/a] |" in report
 
 
 # --- a sweep's name never loses committed results ----------------------------------------
