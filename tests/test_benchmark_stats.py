@@ -321,20 +321,35 @@ def test_rank_test_is_scipys_exact_mann_whitney_without_ties():
     assert exact_p_value(0, 3, 3) == pytest.approx(0.1) and exact_p_value(4.5, 3, 3) == 1.0
 
 
-def test_rank_test_with_ties_is_the_exact_permutation_distribution():
-    b, a = [3.0, 4.0, 5.0, 5.0], [0.0, 1.0, 5.0, 5.0]
+@pytest.mark.parametrize(
+    ("b", "a"),
+    [
+        ([3.0, 4.0, 5.0, 5.0], [0.0, 1.0, 5.0, 5.0]),
+        # One seed on a side (a preset run once in an older sweep): scipy's permutation test
+        # refuses such a sample, so the enumeration must not depend on it.
+        ([1000.0, 1000.0, 1000.0, 990.0, 1000.0], [1000.0]),
+        ([2.0], [1.0, 2.0, 2.0, 3.0]),
+    ],
+)
+def test_rank_test_with_ties_is_the_exact_permutation_distribution(b, a):
+    n, m = len(b), len(a)
     pooled = np.array(b + a)
     u_seen = float(u_statistic(np.array(b), np.array(a)))
     splits = [
-        (pooled[list(i)], np.delete(pooled, list(i))) for i in itertools.combinations(range(8), 4)
-    ]  # all 70 equally likely splits
+        (pooled[list(i)], np.delete(pooled, list(i)))
+        for i in itertools.combinations(range(n + m), n)
+    ]  # every equally likely split
     us = np.array([float(u_statistic(x, y)) for x, y in splits])
     # two-sided: twice the smaller tail, at most 1
     expected = min(1.0, 2 * min(np.mean(us >= u_seen), np.mean(us <= u_seen)))
     test = rank_test(b, a)
     assert test["method"] == "exact permutation (ties)"
-    assert test["p"] == pytest.approx(expected) and test["poi"] == pytest.approx(u_seen / 16)
-    assert rank_test([500.0] * 5, [500.0] * 5)["p"] == 1.0  # a capped return: no difference
+    assert test["p"] == pytest.approx(expected) and test["poi"] == pytest.approx(u_seen / (n * m))
+
+
+def test_rank_test_of_identical_scores_finds_no_difference():
+    assert rank_test([500.0] * 5, [500.0] * 5)["p"] == 1.0  # a capped return
+    assert rank_test([1000.0] * 5, [1000.0])["p"] == 1.0
 
 
 def test_holm_hand_computed():
