@@ -31,7 +31,8 @@ Definitions (stated in every report):
   `window` training episodes reaches the threshold.
 - **Normalised score**: (score - random) / (reference - random) with the published random and
   reference (for Atari: human) scores of the task; the aggregate is the IQM of the normalised
-  scores of one algorithm's presets, pooled across its tasks.
+  scores of one algorithm's presets that have a target, pooled across its tasks (a report-only
+  preset, an ablation or a baseline, shows its normalised score in its own section only).
 - **Comparing two sweeps** (`compare`): per preset, the two-sided Mann-Whitney rank test of B's
   final evaluations against A's, exact: `scipy.stats.mannwhitneyu(method="exact")` without ties;
   with ties, the exact permutation distribution of the same statistic over every split of the
@@ -182,7 +183,7 @@ def rank_test(b: Sequence[float], a: Sequence[float]) -> dict[str, Any]:
     if len(np.unique(np.concatenate([b, a]))) == n + m:
         p = stats.mannwhitneyu(b, a, alternative="two-sided", method="exact").pvalue
         method = "exact"
-    else:  # U from the pooled mid-ranks: the rank sum of b less its least possible value
+    else:  # U is b's rank sum over the pooled mid-ranks less n (n + 1) / 2: test that sum
         ranks = stats.rankdata(np.concatenate([b, a]))
         if math.comb(n + m, n) <= PERMUTATION_SPLITS:
             # Every split of the pooled seeds into n and m, enumerated here because scipy's

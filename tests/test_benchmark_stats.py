@@ -347,6 +347,20 @@ def test_rank_test_with_ties_is_the_exact_permutation_distribution(b, a):
     assert test["p"] == pytest.approx(expected) and test["poi"] == pytest.approx(u_seen / (n * m))
 
 
+def test_rank_test_with_ties_beyond_enumeration_draws_splits():
+    # C(21, 10) = 352,716 splits, more than are enumerated: 200,000 are drawn. The reference
+    # enumerates them all here, from the rank sums of the pooled mid-ranks.
+    b = [5.0, 5.0, 6.0, 7.0, 7.0, 8.0, 9.0, 9.0, 10.0, 11.0]
+    a = [1.0, 2.0, 3.0, 5.0, 5.0, 6.0, 7.0, 8.0, 8.0, 9.0, 4.0]
+    ranks = stats.rankdata(b + a)
+    sums = np.array([ranks[list(i)].sum() for i in itertools.combinations(range(21), 10)])
+    seen = ranks[:10].sum()
+    expected = min(1.0, 2 * min(np.mean(sums >= seen), np.mean(sums <= seen)))
+    test = rank_test(b, a)
+    assert test["method"] == "Monte Carlo permutation (ties)"
+    assert test["p"] == pytest.approx(expected, abs=0.002)  # p about 0.046; its sd about 0.0005
+
+
 def test_rank_test_of_identical_scores_finds_no_difference():
     assert rank_test([500.0] * 5, [500.0] * 5)["p"] == 1.0  # a capped return
     assert rank_test([1000.0] * 5, [1000.0])["p"] == 1.0
