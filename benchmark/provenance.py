@@ -26,7 +26,8 @@ CUDA_PROBE = (
 _cuda_names: dict[str | None, str | None] = {}
 
 
-def _git(repo: Path, *args: str) -> str | None:
+def git(repo: Path, *args: str) -> str | None:
+    """git's stripped output in `repo`; None where git is missing, times out or fails."""
     try:
         out = subprocess.run(
             ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30
@@ -39,8 +40,8 @@ def _git(repo: Path, *args: str) -> str | None:
 def code_version(repo: Path) -> dict[str, Any]:
     """The commit checked out at `repo` and whether tracked files differ from it (None for both
     outside a git checkout)."""
-    commit = _git(repo, "rev-parse", "HEAD")
-    status = _git(repo, "status", "--porcelain", "--untracked-files=no") if commit else None
+    commit = git(repo, "rev-parse", "HEAD")
+    status = git(repo, "status", "--porcelain", "--untracked-files=no") if commit else None
     return {"commit": commit, "dirty": None if status is None else status != ""}
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import aggregate
 from .manifest import Preset, ZooError, is_number, presets_from_tables
+from .provenance import git
 from .runner import MANIFEST_NAME, load_records, write_atomic, write_json
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -261,7 +262,7 @@ def build_results(sweep: dict[str, Any], presets: dict[str, Preset]) -> dict[str
         "sweep": meta["sweep"],
         "mode": meta["mode"],
         "budget": meta["budget"],
-        "commands": meta["commands"],
+        "commands": list(dict.fromkeys(meta["commands"])),  # each resumption appends its own
         "reported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "provenance": provenance_summary(records),
         "statistics": aggregate.__doc__.split("Definitions (stated in every report):")[1].strip(),
@@ -454,7 +455,7 @@ def render_report(results: dict[str, Any], plots: Path | None) -> str:
         f"- {provenance_line(results['provenance'])}",
         f"- reported {results['reported']}; per-run provenance in the table at the end",
         "- command(s):",
-        *[f"  - `{c}`" for c in dict.fromkeys(results["commands"])],
+        *[f"  - `{c}`" for c in results["commands"]],
         "",
         "## Results",
         "",
@@ -762,20 +763,23 @@ def current_result(results: dict[str, Any], manifest: dict[str, Any], preset: Pr
     return None
 
 
-def _changed_files(repo: Path, commit: str, algos_dir: Path) -> str:
-    """Which algorithm files differ between `commit` and the commit checked out at `repo`."""
-    from .provenance import _git
+def _algos_folder(repo: Path, algos_dir: Path) -> str | None:
+    """The algorithm folder relative to the top of `repo`'s git checkout (None outside one)."""
+    top = git(repo, "rev-parse", "--show-toplevel")
+    return None if top is None else os.path.relpath(algos_dir.resolve(), Path(top).resolve())
 
-    top = _git(repo, "rev-parse", "--show-toplevel")
-    if top is None:
+
+def _changed_files(repo: Path, commit: str, folder: str | None, algos_dir: Path) -> str:
+    """Which algorithm files (in `folder`, as `_algos_folder` gives it) differ between `commit`
+    and the commit checked out at `repo`."""
+    if folder is None:
         return "unknown (not a git checkout)"
-    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}") is None:
-        shallow = _git(repo, "rev-parse", "--is-shallow-repository") == "true"
+    if git(repo, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+        shallow = git(repo, "rev-parse", "--is-shallow-repository") == "true"
         return "unknown (the commit is not in this clone's history" + (
             ": a shallow clone; `git fetch --unshallow` fetches it)" if shallow else ")"
         )
-    folder = os.path.relpath(algos_dir.resolve(), Path(top).resolve())
-    names = _git(repo, "diff", "--name-only", commit, "HEAD", "--", folder)
+    names = git(repo, "diff", "--name-only", commit, "HEAD", "--", folder)
     if names is None:
         return "unknown (git diff failed)"
     changed = sorted(n for n in names.splitlines() if n.endswith(".py"))
@@ -785,24 +789,17 @@ def _changed_files(repo: Path, commit: str, algos_dir: Path) -> str:
     return f"{len(changed)} of {total}: " + ", ".join(f"`{Path(n).name}`" for n in changed)
 
 
-def _algos_tree(repo: Path, commit: str, algos_dir: Path) -> str | None:
-    """The git tree id of the algorithm folder at `commit` (None where git cannot say)."""
-    from .provenance import _git
-
-    top = _git(repo, "rev-parse", "--show-toplevel")
-    if top is None:
-        return None
-    folder = os.path.relpath(algos_dir.resolve(), Path(top).resolve())
-    return _git(repo, "rev-parse", "--verify", "-q", f"{commit}:{folder}")
-
-
 def _changed_since(repo: Path, commits: list[str], algos_dir: Path) -> list[str]:
     """The README header's lines on the algorithm files: per version of them that the sweep ran,
     its commits and the files changed since. A sweep resumed across commits that changed only
     the tooling ran one version, said in one line."""
     if not commits:
         return ["- algorithm files changed since: unknown (the sweep recorded no commit)"]
-    trees = {c: _algos_tree(repo, c, algos_dir) for c in commits}
+    folder = _algos_folder(repo, algos_dir)
+    # The git tree id of the algorithm folder at each commit: None where git cannot say.
+    trees = {
+        c: folder and git(repo, "rev-parse", "--verify", "-q", f"{c}:{folder}") for c in commits
+    }
     versions: dict[str, list[str]] = {}
     for c in commits:  # a commit whose tree is unknown stays apart
         versions.setdefault(trees[c] or c, []).append(c)
@@ -810,7 +807,7 @@ def _changed_since(repo: Path, commits: list[str], algos_dir: Path) -> list[str]
     if len(versions) > 1 and None not in trees.values():
         lines.append(f"- the runs ran {len(versions)} different versions of the algorithm files")
     for group in versions.values():
-        changed = _changed_files(repo, group[0], algos_dir)
+        changed = _changed_files(repo, group[0], folder, algos_dir)
         if len(group) == 1:
             lines.append(f"- algorithm files changed since commit `{group[0][:10]}`: {changed}")
         elif len(versions) == 1:  # the commits are listed in the line above
@@ -870,7 +867,7 @@ def readme_block(
         "",
         f"Sweep `{results['sweep']}`: {provenance_line(results['provenance'])}. Command(s):",
         "",
-        *[f"    {c}" for c in dict.fromkeys(results["commands"])],
+        *[f"    {c}" for c in results["commands"]],
         "",
         *changed,
         f"- {len(presets) - missing} of the zoo's {len(presets)} presets have a result at their "
