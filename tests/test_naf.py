@@ -1332,15 +1332,24 @@ def test_ou_noise_restarts_with_each_episode(monkeypatch, tmp_path, restore_sign
 
 # ---------------------------------------------------------------- the screening copies in results/
 SCREENS = ALGOS.parent / "results" / "naf-ablations"
+SCREENED = "9ba4e32"  # the commit whose naf.py the screens ran (results/naf-ablations/README.md)
 
 
 def screening_copy(name: str, tmp_path: Path) -> Path:
-    """`patch -o <name>.py naf_screened.py < <name>.patch` in results/naf-ablations, as its README
-    documents it: naf_screened.py is naf.py as the screens ran it. Fails if any hunk is refused."""
+    """`git show 9ba4e32:algos/naf.py > naf_screened.py`, then `patch -o <name>.py naf_screened.py
+    < <name>.patch`, as results/naf-ablations/README.md documents it: naf_screened.py is naf.py as
+    the screens ran it. Fails if any hunk is refused; skipped without the repository's history."""
+    screened = tmp_path / "naf_screened.py"
+    shown = subprocess.run(
+        ["git", "-C", str(SCREENS), "show", f"{SCREENED}:algos/naf.py"], capture_output=True
+    )
+    if shown.returncode != 0:
+        pytest.skip(f"needs naf.py at {SCREENED} from the repository's git history")
+    screened.write_bytes(shown.stdout)
     copy = tmp_path / f"{name}.py"
     with open(SCREENS / f"{name}.patch") as patch_file:
         made = subprocess.run(
-            ["patch", "-s", "-o", str(copy), str(SCREENS / "naf_screened.py")],
+            ["patch", "-s", "-o", str(copy), str(screened)],
             stdin=patch_file,
             capture_output=True,
             text=True,
@@ -1393,8 +1402,9 @@ def twin_batch(module, obs_dim=4, act_dim=3, n=8):
     ],
 )
 def test_screening_patch_applies_to_naf_and_runs(name, flags, key, value, tmp_path):
-    """The results document each screening copy as `patch -o copy.py naf_screened.py < copy.patch`;
-    that must keep working, and the copy must run with its flag."""
+    """The results document each screening copy as `patch -o copy.py naf_screened.py < copy.patch`,
+    naf_screened.py being naf.py at 9ba4e32; that must keep working, and the copy must run with its
+    flag."""
     copy = screening_copy(name, tmp_path)
     check_ok(run_script(copy, *TINY, *flags, "--run-dir", str(tmp_path / "run"), cwd=tmp_path))
     assert json.loads((tmp_path / "run" / "config.json").read_text())[key] == value
