@@ -7,9 +7,8 @@
 - report: rebuild a sweep's report, results and plots.
 - readme: rewrite README.md's results table from results/latest and the zoo.
 - compare: two sweeps per preset, with a rank test corrected for the presets compared.
-- sizes: each algorithm file's size against its CleanRL counterpart and its budgets.
-- dqn-memory: dqn_atari's replay memory at a given capacity.
-- ensemble-speed: rlpd.py's batched critic ensemble against separate critics.
+- sizes: each algorithm file's size beside its CleanRL counterpart (informational).
+- harness: write the run harness from benchmark/run_harness.py into every algorithm file.
 - speed: each algorithm file's steady-state steps/s, eager and compiled, optionally against a commit.
 """
 
@@ -40,7 +39,7 @@ from .backends import (
     run_ray,
 )
 from .compare import compare, load_sweep
-from .dqn_memory import measure
+from .harness import write as write_harness
 from .manifest import Mode, Preset, ZooError, load_zoo
 from .progress import Progress
 from .report import (
@@ -76,12 +75,21 @@ class Common:
 
 @dataclass
 class Sizes:
-    """Each algorithm file's size against its CleanRL counterpart and its budgets."""
+    """Each algorithm file's size beside its CleanRL counterpart (informational)."""
 
     algos_dir: Path = Path("algos")
     """The algorithm files to measure."""
+
+
+@dataclass
+class Harness:
+    """Write the run harness from its one source, benchmark/run_harness.py, into every algorithm
+    file (the block from `# ===== run harness` to the main guard)."""
+
+    algos_dir: Path = Path("algos")
+    """The algorithm files to write."""
     check: bool = False
-    """Exit 1 when a file breaks a budget."""
+    """Write nothing; exit 1 when a file's harness differs from the source."""
 
 
 @dataclass
@@ -208,36 +216,6 @@ class Compare:
     """Family-wise level: the chance of any false verdict among the presets compared."""
     preset: tuple[str, ...] = ()
     """Only these presets (names or shell patterns): fewer presets compared, a smaller correction."""
-
-
-@dataclass
-class DqnMemory:
-    """Fill dqn_atari's replay buffer to capacity with random frames; print the memory it adds
-    over the imports (a full 1M buffer: about 7 GB) and the sampling speed."""
-
-    capacity: int = 1_000_000
-    """Transitions in the buffer."""
-    script: Path = Path("algos/dqn_atari.py")
-
-
-@dataclass
-class EnsembleSpeed:
-    """Critic updates per second of rlpd.py's batched 10-critic ensemble against ten separate modules
-    with the same weights, target rule and optimizer, back to back in one process."""
-
-    hidden: int = 64
-    """Units per hidden layer (the zoo's RLPD presets: 64; the paper: 256)."""
-    batch: int = 128
-    """Minibatch size (the presets: 128; the paper: 256)."""
-    updates: int = 100
-    """Timed updates per round."""
-    rounds: int = 3
-    """Rounds per version, alternating; the medians are reported."""
-    device: str = "cpu"
-    """cpu or cuda."""
-    threads: int = 1
-    """Torch CPU threads (the zoo's runs use one)."""
-    script: Path = Path("algos/rlpd.py")
 
 
 @dataclass
@@ -564,8 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             "readme": Readme,
             "compare": Compare,
             "sizes": Sizes,
-            "dqn-memory": DqnMemory,
-            "ensemble-speed": EnsembleSpeed,
+            "harness": Harness,
             "speed": Speed,
         },
         prog="python -m benchmark",
@@ -585,23 +562,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(command, Compare):
             return run_compare(command)
         if isinstance(command, Sizes):
-            return report_sizes(command.algos_dir, command.check)
-        if isinstance(command, DqnMemory):
-            measure(command.capacity, command.script)
-            return 0
-        if isinstance(command, EnsembleSpeed):
-            from . import ensemble_speed  # torch only for this subcommand
-
-            ensemble_speed.measure(
-                command.hidden,
-                command.batch,
-                command.updates,
-                command.rounds,
-                command.device,
-                command.threads,
-                command.script,
-            )
-            return 0
+            return report_sizes(command.algos_dir)
+        if isinstance(command, Harness):
+            return write_harness(command.algos_dir, command.check)
         if isinstance(command, Speed):
             from . import speed  # tensorboard only for this subcommand
 

@@ -1,10 +1,10 @@
-"""`python -m benchmark sizes`: how much an algorithm file asks of its reader, against its CleanRL
-counterpart, and whether it keeps the budgets of CONTRIBUTING.md.
+"""`python -m benchmark sizes`: an informational table of each algorithm file's sizes beside its
+CleanRL counterpart. Nothing is a budget: a file may grow where a name, a docstring or a step
+written out helps its reader.
 
 Code is every non-blank line that is not only a comment, outside the module docstring and the run
 harness; its characters include indentation. The algorithm section runs from the docstring's end
-to the end of `train()`: what a reader meets before the file's own plumbing. The budgets hold on
-formatted code (`ruff format`), so a wide line cannot dodge them.
+to the end of `train()`: what a reader meets before the file's own plumbing.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER = "# ===== run harness"
-MAIN = 'if __name__ == "__main__":'
+from .harness import harness_span
 
 # Code characters of the nearest CleanRL file (counted as above, at CleanRL fe8d8a0).
 COUNTERPARTS = {
@@ -27,17 +26,6 @@ COUNTERPARTS = {
     "recurrent_ppo_atari.py": ("ppo_atari_lstm.py", 14_458),
     "rlpd.py": ("sac_continuous_action.py", 11_828),
 }
-# Budgets as multiples of the counterpart's code characters: (whole file, algorithm section).
-# appo.py carries V-trace, the actor processes and value normalisation that CleanRL's ppo.py has not.
-RATIO_LIMITS = {"appo.py": (2.5, 2.0)}
-DEFAULT_RATIO_LIMITS = (2.0, 1.6)
-DOCSTRING_LINES, TRAIN_LINES = 110, 70
-# The run harness, formatted like the rest, blank lines included. Its earlier text was 219 lines
-# as written and 327 once formatted at 100 columns; 180 was asked of the 219 (82%). Formatted,
-# with every feature kept (W&B, eval-only output, the resume checks), it was held at 232 (71%);
-# --compile's compiled() and a non-finite check that does not wait for a GPU at every update
-# brought it to 249.
-HARNESS_LINES = 249
 
 
 @dataclass
@@ -66,15 +54,6 @@ class Size:
 
 def _is_code(line: str) -> bool:
     return bool(line.strip()) and not line.strip().startswith("#")
-
-
-def harness_span(lines: list[str], name: str) -> tuple[int, int]:
-    """Indexes of the harness's first line and of the `if __name__` line after it."""
-    starts = [i for i, line in enumerate(lines) if line.startswith(MARKER)]
-    ends = [i for i, line in enumerate(lines) if line.startswith(MAIN)]
-    if len(starts) != 1 or len(ends) != 1 or starts[0] > ends[0]:
-        raise ValueError(f"{name}: expected one {MARKER!r} line before one {MAIN!r} line")
-    return starts[0], ends[0]
 
 
 def measure(path: Path) -> Size:
@@ -108,24 +87,6 @@ def measure(path: Path) -> Size:
     )
 
 
-def problems(size: Size) -> list[str]:
-    """The budgets this file breaks, one line each."""
-    if size.counterpart_chars == 0:
-        return [f"{size.name}: no CleanRL counterpart listed in benchmark/sizes.py"]
-    whole, section = RATIO_LIMITS.get(size.name, DEFAULT_RATIO_LIMITS)
-    checks = [
-        (size.docstring_lines <= DOCSTRING_LINES, f"docstring {size.docstring_lines} lines"),
-        (size.ratio <= whole, f"code {size.ratio:.2f}x {size.counterpart}, over {whole}x"),
-        (
-            size.algorithm_ratio <= section,
-            f"algorithm section {size.algorithm_ratio:.2f}x {size.counterpart}, over {section}x",
-        ),
-        (size.train_lines <= TRAIN_LINES, f"train() {size.train_lines} lines"),
-        (size.harness_lines <= HARNESS_LINES, f"run harness {size.harness_lines} lines"),
-    ]
-    return [f"{size.name}: {message}" for ok, message in checks if not ok]
-
-
 def table(sizes: list[Size]) -> list[str]:
     head = (
         "| file | lines | docstring | code lines | code chars | CleanRL counterpart | ratio "
@@ -142,10 +103,8 @@ def table(sizes: list[Size]) -> list[str]:
     return rows
 
 
-def report(algos_dir: Path, check: bool) -> int:
+def report(algos_dir: Path) -> int:
+    """Print the table of every algorithm file's sizes."""
     sizes = [measure(p) for p in sorted(algos_dir.glob("*.py"))]
     print("\n".join(table(sizes)))
-    broken = [line for s in sizes for line in problems(s)]
-    for line in broken:
-        print(f"over budget: {line}")
-    return 1 if check and broken else 0
+    return 0
