@@ -1,6 +1,6 @@
 """The benchmark runner: manifest validation, sweeps of fake algorithm scripts (ok, crash,
 timeout), resume, resource requests, per-run provenance, the sweep's manifest copy, reports,
-plots, comparison groups, `compare`, progress and ETA, the README block, `dqn-memory`, and the
+plots, comparison groups, `compare`, progress and ETA, the README block, and the
 datasets a sweep builds before its runs (and `datasets`, which only builds them).
 The statistics are in test_benchmark_stats.py, the Ray cluster in test_benchmark_ray.py."""
 
@@ -1442,8 +1442,6 @@ def test_help_names_every_subcommand_and_workers_counts_cpus(capsys):
         "readme",
         "compare",
         "sizes",
-        "dqn-memory",
-        "ensemble-speed",
         "speed",
     ]
     for name in names:
@@ -1884,99 +1882,6 @@ def test_smoke_over_the_real_zoo(tmp_path: Path):
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
-def test_dqn_memory_measures_the_buffer_over_the_baseline():
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmark", "dqn-memory", "--capacity", "6000"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    grown = re.search(
-        r"filled 6,000 transitions in \d+ s: RSS [\d,]+ MB, \+([\d.,]+) MB over the baseline",
-        proc.stdout,
-    )
-    # Each frame stored once: 6,000 x 84 x 84 bytes (40.4 MiB), plus 15 bytes of action, reward and flags
-    # per transition; an empty buffer, or one storing each 4-frame stack, falls outside.
-    frames_mb = 6000 * 84 * 84 / 2**20
-    assert grown and 0.9 * frames_mb < float(grown.group(1).replace(",", "")) < frames_mb + 12, (
-        proc.stdout
-    )
-    assert "1000 batches of 32 sampled" in proc.stdout
-
-
-def test_dqn_memory_bad_input(tmp_path: Path, capsys):
-    for args, fragment in (
-        (["--capacity", "0"], "--capacity must be positive, got 0"),
-        (["--script", str(tmp_path / "none.py")], "cannot import"),
-    ):
-        assert main(["dqn-memory", *args]) == 2
-        err = capsys.readouterr().err
-        assert (
-            err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1
-        ), err
-
-
-def test_ensemble_speed_times_both_versions_of_the_same_critics(capsys):
-    import torch
-
-    from benchmark import ensemble_speed
-
-    rlpd = ensemble_speed.load_rlpd(ROOT / "algos" / "rlpd.py")
-    torch.manual_seed(3)
-    ensemble = rlpd.EnsembleCritic(4, 5, 8)
-    obs, act = torch.randn(6, 3), torch.randn(6, 2)
-    separate = torch.stack(
-        [m(torch.cat([obs, act], -1)).squeeze(-1) for m in ensemble_speed.separate_copies(ensemble)]
-    )
-    assert torch.allclose(
-        separate, ensemble(obs, act), atol=1e-6
-    )  # the same functions, member by member
-    assert (
-        main(
-            [
-                "ensemble-speed",
-                "--hidden",
-                "8",
-                "--batch",
-                "4",
-                "--updates",
-                "2",
-                "--rounds",
-                "2",
-                "--script",
-                str(ROOT / "algos" / "rlpd.py"),
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    rates = re.search(r"batched ([\d.]+) vs separate ([\d.]+) critic updates/s: ([\d.]+)x", out)
-    assert rates and float(rates.group(1)) > 0 and float(rates.group(2)) > 0, out
-    assert abs(
-        float(rates.group(1)) / float(rates.group(2)) - float(rates.group(3))
-    ) < 0.01 + 1e-3 * float(rates.group(3))
-    assert "rounds: batched " in out and out.count(" / ") == 2  # two rounds of each version listed
-
-
-def test_ensemble_speed_bad_input(tmp_path: Path, capsys):
-    cases = [
-        (["--updates", "0"], "--updates must be positive, got 0"),
-        (["--script", str(tmp_path / "none.py")], "cannot import"),
-    ]
-    import torch
-
-    if not torch.cuda.is_available():
-        cases.append((["--device", "cuda"], "--device cuda, but torch sees no CUDA device"))
-    for args, fragment in cases:
-        assert main(["ensemble-speed", *args]) == 2
-        err = capsys.readouterr().err
-        assert (
-            err.startswith("benchmark: error: ") and fragment in err and len(err.splitlines()) == 1
-        ), err
 
 
 def test_execute_measures_wall_time_and_peak_memory(tmp_path):

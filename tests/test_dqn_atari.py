@@ -1,18 +1,20 @@
 """Tests for algos/dqn_atari.py: the frame-deduplicated replay memory against a naive one that
-stores whole stacks (fake and real env streams), life-loss flags under both life/FIRE protocols
-(FIRE forced after a lost life in training, evaluation and the real game), the TD target and schedules by
-hand, the forward pass leaving the caller's frames alone, env ids against ale_py's ROMs and
-Gymnasium's registry, resume equivalence on a deterministic game (weights, optimizer, replay, RNG
-and logged metrics as the uninterrupted run), the epsilon horizon kept across a resume, seeding
-(CUBLAS_WORKSPACE_CONFIG before the networks exist, same seed same run, another seed another run),
-W&B finished with the run's exit code, eval-only's env/seed from the checkpoint, signals, tiny runs
-by subprocess (outputs, copy-alone, video, SIGTERM), and every bad-input message."""
+stores whole stacks (fake and real env streams) and its resident size (results/dqn_memory.py),
+life-loss flags under both life/FIRE protocols (FIRE forced after a lost life in training,
+evaluation and the real game), the TD target and schedules by hand, the forward pass leaving the
+caller's frames alone, env ids against ale_py's ROMs and Gymnasium's registry, resume equivalence on
+a deterministic game (weights, optimizer, replay, RNG and logged metrics as the uninterrupted run),
+the epsilon horizon kept across a resume, seeding (CUBLAS_WORKSPACE_CONFIG before the networks
+exist, same seed same run, another seed another run), W&B finished with the run's exit code,
+eval-only's env/seed from the checkpoint, signals, tiny runs by subprocess (outputs, copy-alone,
+video, SIGTERM), and every bad-input message."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -268,6 +270,24 @@ def test_buffer_matches_naive_on_real_env_stream():
     ids = np.flatnonzero(buffer.valid.reshape(-1))
     assert len(ids) > 300
     assert_same(buffer, naive, mapping, ids.tolist())
+
+
+def test_a_full_memory_adds_each_frame_once_to_the_resident_memory():
+    """results/dqn_memory.py (the measurement behind results/dqn_atari-measurements.md) at 6,000
+    transitions: the resident memory it adds is each frame once, 6,000 x 84 x 84 bytes (40.4 MiB),
+    plus 15 bytes of action, reward and flags per transition; an empty memory, or one storing each
+    4-frame stack, falls outside."""
+    proc = run_script(ALGOS.parent / "results" / "dqn_memory.py", "--capacity", "6000")
+    check_ok(proc)
+    grown = re.search(
+        r"filled 6,000 transitions in \d+ s: RSS [\d,]+ MB, \+([\d.,]+) MB over the baseline",
+        proc.stdout,
+    )
+    frames_mb = 6000 * 84 * 84 / 2**20
+    assert grown and 0.9 * frames_mb < float(grown.group(1).replace(",", "")) < frames_mb + 12, (
+        proc.stdout
+    )
+    assert "1000 batches of 32 sampled" in proc.stdout
 
 
 # ---------------------------------------------------------------- math, network, env ids

@@ -1,11 +1,11 @@
-"""Tests for algos/rlpd.py: the stacked ensemble against ten separate critics (forward, gradients,
-a subset's minimum in the target), the random pair of each critic step, the tanh-Gaussian
-log-probability against torch.distributions, symmetric sampling row by row, the Minari conversion
-(terminations and truncations apart; wrong spaces, NaN, empty and missing datasets refused), and
-tiny runs on a dataset made by benchmark/datasets.py: copied alone, resumed (the same weights as an
-uninterrupted run), repeated (the same metrics; another seed differs), interrupted during
-pretraining, and bad input (a checkpoint of the older critic layout among it). --compile against
-eager: tests/test_compile.py; the CUDA path: tests/test_cuda.py."""
+"""Tests for algos/rlpd.py: the stacked ensemble against ten separate critics (forward, gradients, a
+subset's minimum in the target; results/ensemble_speed.py runs on it), the random pair of each
+critic step, the tanh-Gaussian log-probability against torch.distributions, symmetric sampling row
+by row, the Minari conversion (terminations and truncations apart; wrong spaces, NaN, empty and
+missing datasets refused), and tiny runs on a dataset made by benchmark/datasets.py: copied alone,
+resumed (the same weights as an uninterrupted run), repeated (the same metrics; another seed
+differs), interrupted during pretraining, and bad input (a checkpoint of the older critic layout
+among it). --compile against eager: tests/test_compile.py; the CUDA path: tests/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -131,6 +132,23 @@ def test_stacked_ensemble_equals_ten_separate_critics():
     next_q = torch.minimum(expected[7], expected[2]).detach()
     mask = 1 - batch["terminated"]
     torch.testing.assert_close(y, batch["rewards"] + 0.9 * mask * (next_q - 0.1 * log_prob))
+
+
+def test_ensemble_speed_runs_on_this_file():
+    """results/ensemble_speed.py (the timing behind results/rlpd-measurements.md) still builds its
+    separate critics from this file's ensemble (it refuses to time them if their Q-values differ)
+    and reports both rates and their ratio."""
+    proc = run_script(
+        ALGOS.parent / "results" / "ensemble_speed.py",
+        *("--hidden", "8", "--batch", "4", "--updates", "2", "--rounds", "2"),
+        *("--script", str(ALGOS / "rlpd.py")),
+    )
+    check_ok(proc)
+    rates = re.search(
+        r"batched ([\d.]+) vs separate ([\d.]+) critic updates/s: ([\d.]+)x", proc.stdout
+    )
+    assert rates and float(rates.group(1)) > 0 and float(rates.group(2)) > 0, proc.stdout
+    assert "rounds: batched " in proc.stdout and proc.stdout.count(" / ") == 2  # two rounds each
 
 
 class RecordingCritic(rlpd.EnsembleCritic):

@@ -1,14 +1,20 @@
-"""`python -m benchmark dqn-memory`: measure dqn_atari's replay memory. Fill its frame-deduplicated
-buffer to capacity with random 84x84 frames (every page touched, unlike a fresh np.zeros) and
-report the resident memory it added over the baseline (imports and the source frames) and the
-sampling speed. A full buffer of N transitions should add about N x 84 x 84 bytes (each frame
-stored once) plus 15 bytes of action, reward and flags per transition.
+"""Measure dqn_atari's replay memory (results/dqn_atari-measurements.md). Fill its
+frame-deduplicated buffer to capacity with random 84x84 frames (every page touched, unlike a fresh
+np.zeros) and report the resident memory it added over the baseline (imports and the source
+frames) and the sampling speed. A full buffer of N transitions should add about N x 84 x 84 bytes
+(each frame stored once) plus 15 bytes of action, reward and flags per transition.
+
+Usage (until it moved here from benchmark/, `python -m benchmark dqn-memory`):
+    python results/dqn_memory.py [--capacity 1000000] [--script algos/dqn_atari.py]
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import resource
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -16,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from .manifest import ZooError
-from .scripts import load_script
-
 SOURCE_FRAMES = 4096
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class InputError(Exception):
+    """Bad input: printed as one line, exit status 2."""
 
 
 def rss_mb() -> float:
@@ -35,13 +43,19 @@ def rss_mb() -> float:
 
 
 def load_dqn(path: Path) -> ModuleType:
-    return load_script(path, "dqn_atari")
+    spec = importlib.util.spec_from_file_location("dqn_atari", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise InputError(f"cannot import {path}: pass the path of dqn_atari.py with --script")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dqn_atari"] = module  # dataclasses in the file look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def measure(capacity: int, script: Path) -> dict[str, Any]:
     """Fill a buffer of `capacity` transitions; print and return the memory and timing numbers."""
     if capacity < 1:
-        raise ZooError(f"--capacity must be positive, got {capacity}")
+        raise InputError(f"--capacity must be positive, got {capacity}")
     dqn = load_dqn(script)
     imported = rss_mb()
     rng = np.random.default_rng(0)
@@ -78,3 +92,24 @@ def measure(capacity: int, script: Path) -> dict[str, Any]:
         "fill_s": fill_s,
         "sample_s": sample_s,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python results/dqn_memory.py", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--capacity", type=int, default=1_000_000, help="transitions in the buffer (default 1M)"
+    )
+    parser.add_argument("--script", type=Path, default=ROOT / "algos" / "dqn_atari.py")
+    args = parser.parse_args(argv)
+    try:
+        measure(args.capacity, args.script)
+    except InputError as e:
+        print(f"dqn_memory.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
-"""`python -m benchmark ensemble-speed`: critic updates per second of rlpd.py's batched critic ensemble
-against the same ensemble written as separate `nn.Module` critics, back to back in one process.
+"""Critic updates per second of rlpd.py's batched critic ensemble against the same ensemble written
+as separate `nn.Module` critics, back to back in one process (results/rlpd-measurements.md).
 
 Both versions start from the same weights (the separate critics are copies of the batched members,
 checked to give the same Q values), use the same target rule (the minimum over a fresh random pair
@@ -7,12 +7,19 @@ of target critics), the same Adam and the same Polyak update, on the same miniba
 version is the one a reader would write first: a Python loop over ten small modules, so ten times
 the kernel launches and optimizer tensors. Rounds alternate between the two versions; the medians
 are reported.
+
+Usage (until it moved here from benchmark/, `python -m benchmark ensemble-speed`):
+    python results/ensemble_speed.py [--hidden 64] [--batch 128] [--updates 100] [--rounds 3]
+        [--device cpu|cuda] [--threads 1] [--script algos/rlpd.py]
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import importlib.util
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +29,21 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .manifest import ZooError
-from .scripts import load_script
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class InputError(Exception):
+    """Bad input: printed as one line, exit status 2."""
 
 
 def load_rlpd(path: Path) -> ModuleType:
-    return load_script(path, "rlpd")
+    spec = importlib.util.spec_from_file_location("rlpd", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise InputError(f"cannot import {path}: pass the path of rlpd.py with --script")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rlpd"] = module  # dataclasses in the file look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def separate_copies(ensemble: nn.Module) -> list[nn.Sequential]:
@@ -98,7 +114,7 @@ def make_steps(
             (critic(obs, act) - torch.stack([m(x).squeeze(-1) for m in members])).abs().max().item()
         )
     if gap > 1e-4:
-        raise ZooError(
+        raise InputError(
             f"the separate critics do not reproduce the batched ensemble (max |dQ| {gap:.2e})"
         )
     batch_dict = {"next_obs": next_obs, "rewards": rewards, "terminated": zeros}
@@ -159,9 +175,9 @@ def measure(
         ("--threads", threads),
     ):
         if value < 1:
-            raise ZooError(f"{name} must be positive, got {value}")
+            raise InputError(f"{name} must be positive, got {value}")
     if device_name == "cuda" and not torch.cuda.is_available():
-        raise ZooError("--device cuda, but torch sees no CUDA device")
+        raise InputError("--device cuda, but torch sees no CUDA device")
     device = torch.device(device_name)
     torch.set_num_threads(threads)
     rlpd = load_rlpd(script)
@@ -189,3 +205,36 @@ def measure(
         f"{result['ratio']:.2f}x (medians of {rounds} rounds of {updates} updates)"
     )
     return {**result, "rounds": rates}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python results/ensemble_speed.py", description=__doc__.split("\n\n")[0]
+    )
+    add = parser.add_argument
+    add("--hidden", type=int, default=64, help="units per hidden layer (presets 64, paper 256)")
+    add("--batch", type=int, default=128, help="minibatch size (presets 128, paper 256)")
+    add("--updates", type=int, default=100, help="timed updates per round")
+    add("--rounds", type=int, default=3, help="rounds per version, alternating; medians reported")
+    add("--device", default="cpu", help="cpu or cuda")
+    add("--threads", type=int, default=1, help="torch CPU threads (the zoo's runs use one)")
+    add("--script", type=Path, default=ROOT / "algos" / "rlpd.py")
+    args = parser.parse_args(argv)
+    try:
+        measure(
+            args.hidden,
+            args.batch,
+            args.updates,
+            args.rounds,
+            args.device,
+            args.threads,
+            args.script,
+        )
+    except InputError as e:
+        print(f"ensemble_speed.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
