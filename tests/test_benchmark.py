@@ -1442,6 +1442,7 @@ def test_help_names_every_subcommand_and_workers_counts_cpus(capsys):
         "readme",
         "compare",
         "sizes",
+        "harness",
         "speed",
     ]
     for name in names:
