@@ -10,6 +10,8 @@
 - sizes: each algorithm file's size beside its CleanRL counterpart (informational).
 - harness: write the run harness from benchmark/run_harness.py into every algorithm file.
 - speed: each algorithm file's steady-state steps/s, eager and compiled, optionally against a commit.
+- equivalence: every preset's smoke run with the algorithm files at a commit and in the working tree,
+  compared exactly (checkpoints, scalars, summaries): proof that a refactor changed no behaviour.
 """
 
 from __future__ import annotations
@@ -248,11 +250,43 @@ class Speed:
     algos_dir: Path = Path("algos")
 
 
+@dataclass
+class Equivalence:
+    """Each selected preset's smoke run (seed 1, --device cpu, deterministic) twice, with the
+    algorithm file as it is at --against and as it is in the working tree, each in its own run
+    folder; compares the checkpoints' tensors exactly, every TensorBoard scalar and summary.json,
+    leaving out timings and paths (benchmark/equivalence.py). One line per preset: equivalent,
+    DIFFERENT (the first difference) or FAILED; writes results/equivalence-<commit>.md (and .json,
+    which `readme` reads). Exits 0 only when every preset compared is equivalent."""
+
+    against: str
+    """The commit whose algorithm files are the reference (e.g. the commit before a refactor)."""
+    preset: tuple[str, ...] = ()
+    """Only these presets (names or shell patterns such as 'naf-*'); each must match one."""
+    algo: tuple[str, ...] = ()
+    """Only these algorithm files (stems or patterns)."""
+    env: tuple[str, ...] = ()
+    """Only these environment ids (or patterns)."""
+    workers: int = 1
+    """How many CPUs to use: runs go side by side, each holding its preset's num_cpus of them (at
+    most all) with as many threads, as in a sweep."""
+    keep: Path | None = None
+    """Keep the run folders in this new (or empty) folder instead of a temporary one."""
+    out: Path | None = None
+    """The report (default: results/equivalence-<7-digit commit>.md; the .json goes beside it)."""
+    timeout_scale: float = 1.0
+    """Multiply every preset's smoke time limit (a slow or busy machine)."""
+    zoo: Path = Path("zoo")
+    """The manifest: a .toml file or a folder of them."""
+    algos_dir: Path = Path("algos")
+    """The working tree's algorithm files (the same folder is read at --against)."""
+
+
 def _matches(value: str, patterns: tuple[str, ...]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
 
-def select(presets: dict[str, Preset], sweep: Selection) -> list[Preset]:
+def select(presets: dict[str, Preset], sweep: Selection | Equivalence) -> list[Preset]:
     chosen = [
         p
         for p in presets.values()
@@ -544,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": Sizes,
             "harness": Harness,
             "speed": Speed,
+            "equivalence": Equivalence,
         },
         prog="python -m benchmark",
         args=argv,
@@ -579,6 +614,17 @@ def main(argv: list[str] | None = None) -> int:
                 options,
                 command.algos_dir,
                 command.out,
+            )
+        if isinstance(command, Equivalence):
+            from . import equivalence
+
+            zoo = load_zoo(command.zoo, command.algos_dir)
+            equivalence.check_patterns(command.preset, zoo)
+            options = equivalence.Options(
+                command.workers, command.keep, command.out, command.timeout_scale, line
+            )
+            return equivalence.equivalence(
+                command.against, select(zoo, command), zoo, command.algos_dir, options
             )
         update_readme(
             command.readme,

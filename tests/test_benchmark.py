@@ -135,11 +135,12 @@ def preset_toml(
     extra: str = "",
     full_extra: str = "",
     env: str = "Fake-v0",
+    algo: str = "fake",
 ) -> str:
-    """A manifest entry for the fake script."""
+    """A manifest entry for the fake script (or another algorithm file in the fake's folder)."""
     return textwrap.dedent(f'''
         [{name}]
-        algo = "fake"
+        algo = "{algo}"
         env_id = "{env}"
         args = {{ {args} }}
         curve_threshold = 40
@@ -778,10 +779,11 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _repository(tmp_path: Path) -> tuple[list[str], str]:
-    """A git repository of the fake zoo: git's arguments to commit, and its first commit."""
+    """A git repository of the fake zoo (its algorithm files and manifest): git's arguments to
+    commit, and its first commit."""
     _git(tmp_path, "init", "-q")
     commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q"]
-    _git(tmp_path, "add", "algos/fake.py", "zoo.toml")
+    _git(tmp_path, "add", "algos", "zoo.toml")
     _git(tmp_path, *commit, "-m", "first")
     return commit, _git(tmp_path, "rev-parse", "HEAD")
 
@@ -1444,6 +1446,7 @@ def test_help_names_every_subcommand_and_workers_counts_cpus(capsys):
         "sizes",
         "harness",
         "speed",
+        "equivalence",
     ]
     for name in names:
         assert f"- {name}:" in text, name
