@@ -308,14 +308,14 @@ def test_prioritized_probabilities_and_weights():
     p = rng.uniform(0.1, 5.0, size)
     buf = filled_buffer(size, 10, alpha, p)  # capacity 10: 16 leaves, 9 of them empty
     P = (p + 1e-6) ** alpha / ((p + 1e-6) ** alpha).sum()
-    idx, batch, weights = buf.sample(200_000, beta, rng, CPU)
-    assert idx.max() < size and np.array_equal(batch["obs"][:, 0].numpy(), idx.astype(np.float32))
+    idx, batch, weights = buf.sample(200_000, beta, rng)
+    assert idx.max() < size and np.array_equal(batch["obs"][:, 0], idx.astype(np.float32))
     np.testing.assert_allclose(np.bincount(idx, minlength=size) / len(idx), P, atol=2e-3)
     w = (size * P[idx]) ** -beta
-    np.testing.assert_allclose(weights.numpy(), w / w.max(), rtol=1e-5)
+    np.testing.assert_allclose(weights, w / w.max(), rtol=1e-5)
     # equal priorities and a batch of N: stratified sampling draws every transition exactly once
-    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng, CPU)
-    assert sorted(idx) == list(range(8)) and torch.allclose(weights, torch.ones(8))
+    idx, _, weights = filled_buffer(8, 8, alpha, np.ones(8)).sample(8, beta, rng)
+    assert sorted(idx) == list(range(8)) and np.allclose(weights, np.ones(8))
 
 
 def test_priority_updates():
@@ -343,8 +343,8 @@ def test_priority_updates():
     np.testing.assert_array_equal(restored.tree.nodes, buf.tree.nodes)
     assert restored.max_priority == buf.max_priority
     assert (
-        restored.sample(4, 0.4, np.random.default_rng(3), CPU)[0].tolist()
-        == buf.sample(4, 0.4, np.random.default_rng(3), CPU)[0].tolist()
+        restored.sample(4, 0.4, np.random.default_rng(3))[0].tolist()
+        == buf.sample(4, 0.4, np.random.default_rng(3))[0].tolist()
     )
 
 
@@ -431,7 +431,7 @@ def test_update_matches_reference(dqda_clip, max_grad_norm):
     args = d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm, tau=0.1)
     nets, batch, weights, z = small_nets()
     ref_nets, _, _, _ = small_nets()
-    metrics, priorities = d4pg.update(**nets, b=batch, weights=weights, z=z, args=args)
+    metrics, priorities = d4pg.update(d4pg.Learner(**nets), batch, weights, z, args)
     critic_norm, actor_norm, dqda_norms = reference_update(
         ref_nets, batch, weights, z, dqda_clip, max_grad_norm, tau=0.1
     )
@@ -459,11 +459,10 @@ def test_compiled_update_matches_the_eager_update():
         for name in ("actor", "critic"):
             nets[f"{name}_optim"] = torch.optim.Adam(nets[name].parameters(), lr=1e-3, fused=True)
     _, batch, weights, z = small_nets()
-    learn, graphs = d4pg.compiled(d4pg.update, args, CPU), []
-    assert learn is not d4pg.update
+    learn, graphs = torch.compile(d4pg.update), []
     for _ in range(4):
-        want = d4pg.update(**runs[0], b=batch, weights=weights, z=z, args=args)
-        got = learn(**runs[1], b=batch, weights=weights, z=z, args=args)
+        want = d4pg.update(d4pg.Learner(**runs[0]), batch, weights, z, args)
+        got = learn(d4pg.Learner(**runs[1]), batch, weights, z, args)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] > 0 and graphs[1] == graphs[-1]
@@ -493,13 +492,8 @@ def test_clips_change_the_update():
     finals = []
     for dqda_clip, max_grad_norm in ((0.0, 0.0), (1.0, 0.0), (0.0, 0.05)):
         nets, batch, weights, z = small_nets()
-        d4pg.update(
-            **nets,
-            b=batch,
-            weights=weights,
-            z=z,
-            args=d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm),
-        )
+        args = d4pg.Args(dqda_clip=dqda_clip, max_grad_norm=max_grad_norm)
+        d4pg.update(d4pg.Learner(**nets), batch, weights, z, args)
         finals.append(torch.cat([p.flatten() for p in nets["actor"].parameters()]))
     assert not torch.allclose(finals[0], finals[1]) and not torch.allclose(finals[0], finals[2])
 
@@ -764,16 +758,16 @@ LINE = dict(
 
 
 def run_with_checkpoint_copy(monkeypatch, args, step, copy_to):
-    real_save = d4pg.RunLogger.save
+    real_save = d4pg.Run.save
 
-    def save_and_copy(log, global_step, state):
-        real_save(log, global_step, state)
+    def save_and_copy(run, global_step):
+        real_save(run, global_step)
         if global_step == step:
-            shutil.copy(log.checkpoint, copy_to)
+            shutil.copy(run.checkpoint, copy_to)
 
-    monkeypatch.setattr(d4pg.RunLogger, "save", save_and_copy)
+    monkeypatch.setattr(d4pg.Run, "save", save_and_copy)
     d4pg.train(args)
-    monkeypatch.setattr(d4pg.RunLogger, "save", real_save)
+    monkeypatch.setattr(d4pg.Run, "save", real_save)
 
 
 def after(run, step):
@@ -832,9 +826,11 @@ def test_resume_equivalence_detects_an_unrestored_generator(tmp_path, monkeypatc
     """Control: the same resume with the numpy generator left at its fresh seed ends elsewhere."""
     whole, resumed, mid = tmp_path / "whole", tmp_path / "resumed", tmp_path / "step100.pt"
     run_with_checkpoint_copy(monkeypatch, d4pg.Args(run_dir=str(whole), **LINE), 100, mid)
-    real_set = d4pg.set_rng_state
+    real_set = d4pg.Run.set_rng_state
     monkeypatch.setattr(
-        d4pg, "set_rng_state", lambda state, **gens: real_set(state, torch=gens["torch"])
+        d4pg.Run,
+        "set_rng_state",
+        staticmethod(lambda state, **gens: real_set(state, torch=gens["torch"])),
     )
     d4pg.train(d4pg.Args(run_dir=str(resumed), resume=str(mid), **LINE))
     a, b = load(whole / "checkpoints" / "latest.pt"), load(resumed / "checkpoints" / "latest.pt")
