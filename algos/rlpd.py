@@ -291,8 +291,7 @@ def critic_step(agent, optimizer, batch, next_actions, next_log_prob, members, a
     q = agent.critic(batch["obs"], batch["actions"])
     critic_loss = ((q - y) ** 2).mean()
     gradient_step(optimizer, critic_loss)
-    with torch.no_grad():
-        torch._foreach_lerp_([*agent.target_critic.layers], [*agent.critic.layers], tau)
+    Run.polyak(agent.target_critic, agent.critic, tau)
     return torch.stack([critic_loss, q.mean()]).detach()
 
 
@@ -310,7 +309,9 @@ def actor_step(agent, optimizers, obs, noise, alpha, target_entropy):
     return torch.stack([actor_loss, alpha_loss, entropy]).detach()
 
 
-def update(agent, optimizers, batches, gamma, tau, num_min_qs, target_entropy, steps=None) -> dict:
+def update(
+    agent, optimizers, batches, gamma, tau, num_min_qs, target_entropy, steps=None, graph_step=None
+) -> dict:
     # One update round (detail 4) on minibatches [utd, batch, ...]: a critic step and a target
     # update on each, then one actor and one temperature step on the last. Returns the losses.
     # `steps`: critic_step and actor_step, compiled with --compile.
@@ -325,10 +326,12 @@ def update(agent, optimizers, batches, gamma, tau, num_min_qs, target_entropy, s
     for i in range(utd):
         batch = {k: v[i] for k, v in batches.items()}
         # CUDA graphs reuse a step's outputs in the next: clone what is kept
-        torch.compiler.cudagraph_mark_step_begin()
+        if graph_step:
+            graph_step()
         inputs = (batch, next_actions[i], next_log_prob[i], members[i], alpha, gamma, tau)
         critic_losses = critic(agent, optimizers["critic"], *inputs).clone()
-    torch.compiler.cudagraph_mark_step_begin()
+    if graph_step:
+        graph_step()
     noise = torch.randn_like(batch["actions"])
     actor_losses = actor(agent, optimizers, batch["obs"], noise, alpha, target_entropy)
     losses = torch.cat([critic_losses, actor_losses, alpha[None]])
@@ -364,20 +367,13 @@ class ReplayBuffer:
         return {name: values[idx] for name, values in self.data.items()}
 
 
-def sample_mixed(offline, online, utd, batch_size, offline_ratio, rng, device) -> dict:
+def sample_mixed(offline, online, utd, batch_size, offline_ratio, rng, to_device) -> dict:
     # Symmetric sampling (paper, Section 3.1; detail 5): `utd` minibatches [utd, batch_size, ...],
     # each round(offline_ratio * batch_size) rows of prior data, then online rows.
     n_offline = round(offline_ratio * batch_size)
     sources = ((offline, n_offline), (online, batch_size - n_offline))
     parts = [buffer.sample((utd, n), rng) for buffer, n in sources if n > 0]
-    return {k: to_device(np.concatenate([p[k] for p in parts], 1), device) for k in parts[0]}
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    # float32, through pinned memory on a GPU: the copy does not wait for the device (the caching
-    # host allocator keeps the pinned block until the copy is done)
-    x = torch.from_numpy(array).float()
-    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)
+    return {k: to_device(np.concatenate([p[k] for p in parts], 1)) for k in parts[0]}
 
 
 def step_and_store(envs, buffer, obs, actions, autoreset):
@@ -392,10 +388,10 @@ def step_and_store(envs, buffer, obs, actions, autoreset):
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    check_args(args)
+    run = Run(args, checks=check_args(args))
     if args.eval_only:
-        return eval_only(args)
-    device = seed_and_pick_device(args)
+        return eval_only(args, run)
+    device = run.device
     # numpy draws the replay samples and the first random actions
     rng = np.random.default_rng(args.seed)
     envs = make_envs(args.env_id, args.num_envs)
@@ -407,16 +403,18 @@ def train(args: Args) -> None:
     optimizers["critic"] = adam(agent.critic.parameters())
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     global_step, num_updates, pretrain_done, offline = restore(
-        args, agent, optimizers, buffer, rng, envs
+        args, run, agent, optimizers, buffer, rng, envs
     )
     obs, _ = envs.reset(seed=args.seed + global_step)
     hyper = dict(gamma=args.gamma, tau=args.tau, num_min_qs=args.num_min_qs)
     hyper["target_entropy"] = -act_dim / 2 if args.target_entropy is None else args.target_entropy
-    hyper["steps"] = [compiled(step, args, device) for step in (critic_step, actor_step)]
+    hyper["steps"] = [run.compile(step) for step in (critic_step, actor_step)]
+    hyper["graph_step"] = run.graph_step
+    to_device = partial(run.to_device, dtype=torch.float32)
     sample = partial(
-        sample_mixed, offline, buffer, args.utd_ratio, args.batch_size, rng=rng, device=device
+        sample_mixed, offline, buffer, args.utd_ratio, args.batch_size, rng=rng, to_device=to_device
     )
-    evaluate_policy = partial(evaluate, agent.actor, args, device)
+    evaluate_policy = partial(evaluate, agent.actor, args, to_device)
 
     # Called when saving: the counters as they are then
     def state() -> dict:
@@ -424,15 +422,15 @@ def train(args: Args) -> None:
 
     prior_size = offline.size if offline else 0
     extra = dict(target_entropy=hyper["target_entropy"], offline_transitions=prior_size)
-    run_dir, stop, resumed = run_dir_for(args, args.resume), stop_signal(), bool(args.resume)
-    with RunLogger(args, run_dir, global_step, args.total_steps, resumed, **extra) as log:
+    stop = run.stop
+    with run.start(global_step, args.total_steps, state=state, evaluate=evaluate_policy, **extra):
         while pretrain_done < args.pretrain_steps and not stop:  # detail 7
             losses = update(agent, optimizers, sample(offline_ratio=1.0), **hyper)
             pretrain_done, num_updates = pretrain_done + 1, num_updates + args.utd_ratio
             step = pretrain_done - args.pretrain_steps  # the last round at step 0
-            log_losses(log, "pretrain", step, losses, pretrain_done % 100 == 0 or step == 0)
+            log_losses(run, "pretrain", step, losses, pretrain_done % 100 == 0 or step == 0)
             if step == 0:
-                log.scalars(0, {"pretrain/eval_return": np.mean(evaluate_policy())})
+                run.log(0, {"pretrain/eval_return": np.mean(evaluate_policy())})
         autoreset = np.zeros(args.num_envs, bool)
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
         while global_step < args.total_steps and not stop:
@@ -440,31 +438,31 @@ def train(args: Args) -> None:
                 for _ in range(args.num_envs):  # keeps utd_ratio per env step
                     losses = update(agent, optimizers, sample(args.offline_ratio), **hyper)
                 num_updates += args.utd_ratio * args.num_envs
-                due = every(global_step, global_step - args.num_envs, 100)  # as CleanRL
-                log_losses(log, "losses", global_step, losses, due)
+                due = Run.every(global_step, global_step - args.num_envs, 100)  # as CleanRL
+                log_losses(run, "losses", global_step, losses, due)
             if global_step < args.learning_starts:
                 actions = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
             else:
                 with torch.inference_mode():
-                    actions = agent.actor.sample(to_device(obs, device))[0].cpu().numpy()
+                    actions = agent.actor.sample(to_device(obs))[0].cpu().numpy()
             next_obs, rewards, dones = step_and_store(envs, buffer, obs, actions, autoreset)
             ep_return += rewards * ~autoreset
             ep_length += ~autoreset
             obs, autoreset = next_obs, dones
             prev_step, global_step = global_step, global_step + args.num_envs
             for i in np.flatnonzero(autoreset):
-                log.episode(global_step, ep_return[i], ep_length[i])
+                run.episode(global_step, ep_return[i], ep_length[i])
                 ep_return[i], ep_length[i] = 0.0, 0
-            if every(global_step, prev_step, 1000) or global_step >= args.total_steps or stop:
-                log.scalars(global_step, {"charts/SPS": log.sps(global_step)})
-                log.scalars(global_step, {"charts/learning_rate": args.learning_rate})
-            log.end_iteration(global_step, stop, evaluate_policy, state)
+            if Run.every(global_step, prev_step, 1000) or global_step >= args.total_steps or stop:
+                run.log(global_step, {"charts/SPS": run.sps(global_step)})
+                run.log(global_step, {"charts/learning_rate": args.learning_rate})
+            run.end_iteration(global_step)
         envs.close()
-        log.finish(global_step, stop, evaluate_policy, state, num_updates=num_updates)
+        run.finish(global_step, num_updates=num_updates)
 
 
 # ---------------------------------------------------------------- the file's own plumbing
-def check_args(args: Args) -> None:
+def check_args(args: Args) -> list[tuple[bool, str]]:
     data_id, data_path, ratio = args.dataset_id, args.dataset_path, args.offline_ratio
     has_data = bool(data_id or data_path)
     rows = [
@@ -489,7 +487,7 @@ def check_args(args: Args) -> None:
     positive = "num_envs utd_ratio batch_size buffer_size hidden_dim learning_rate init_temperature"
     for k in positive.split():
         rows.append((getattr(args, k) > 0, f"--{k.replace('_', '-')} must be positive"))
-    check_flags(args, rows)
+    return rows
 
 
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
@@ -501,7 +499,7 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
     except Exception as e:
         # Unknown id, missing entry-point module, missing dependency
-        raise fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]}); check the id")
+        raise Run.fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]}); check the id")
     obs_space, act_space, box = env.observation_space, env.action_space, gym.spaces.Box
     problem = None
     if isinstance(obs_space, box) and len(obs_space.shape) > 1:
@@ -514,7 +512,7 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         problem = "has unbounded actions; rlpd.py needs finite bounds"
     if problem:
         env.close()
-        raise fail(f"{env_id} {problem}")
+        raise Run.fail(f"{env_id} {problem}")
     return env
 
 
@@ -537,15 +535,15 @@ def load_prior_data(args: Args, obs_space, act_space) -> dict:
         episodes = list(dataset.iterate_episodes())
     except Exception as e:
         error = str(e).splitlines()[0]
-        raise fail(f"cannot load dataset {name} ({error}); pass a Minari dataset id or folder")
+        raise Run.fail(f"cannot load dataset {name} ({error}); pass a Minari dataset id or folder")
     spaces = (dataset.observation_space, dataset.action_space)
     if spaces != (obs_space, act_space):
-        raise fail(
+        raise Run.fail(
             f"dataset {name} has spaces {spaces}, but {args.env_id} has {(obs_space, act_space)}; "
             "pass the --env-id it was recorded in"
         )
     if not episodes:
-        raise fail(f"dataset {name} has no episodes; record at least one")
+        raise Run.fail(f"dataset {name} has no episodes; record at least one")
     # A truncation only ends an episode: its last transition keeps terminated = 0 and bootstraps.
     data = {
         "obs": [ep.observations[:-1] for ep in episodes],
@@ -557,7 +555,7 @@ def load_prior_data(args: Args, obs_space, act_space) -> dict:
     data = {k: np.concatenate(v) for k, v in data.items()}
     for field, values in data.items():
         if not np.isfinite(values).all():
-            raise fail(f"dataset {name} holds NaN or infinite values in its {field}; fix it")
+            raise Run.fail(f"dataset {name} holds NaN or infinite values in its {field}; fix it")
     low, high = act_space.low, act_space.high
     actions = 2.0 * (data["actions"] - low) / (high - low) - 1.0
     data["actions"] = np.clip(actions, -ACTION_LIMIT, ACTION_LIMIT)
@@ -578,11 +576,11 @@ def checkpoint_state(agent, optimizers, buffer, offline, num_updates, pretrain_d
         "offline_data": buffer_state(offline) if offline else None,
         "num_updates": num_updates,
         "pretrain_done": pretrain_done,
-        "rng": rng_state(torch=torch.default_generator, numpy=rng),
+        "rng": Run.rng_state(torch=torch.default_generator, numpy=rng),
     }
 
 
-def restore(args: Args, agent, optimizers, buffer, rng, envs):
+def restore(args: Args, run, agent, optimizers, buffer, rng, envs):
     # --resume's state, its prior data included (no dataset is read again), else the dataset (if
     # any). Returns global_step, num_updates, pretrain_done and the prior data's buffer or None.
     if not args.resume:
@@ -591,7 +589,7 @@ def restore(args: Args, agent, optimizers, buffer, rng, envs):
         data = load_prior_data(args, envs.single_observation_space, envs.single_action_space)
         return 0, 0, 0, ReplayBuffer.holding(data)
     data_flags = ("dataset_id", "dataset_path", "offline_ratio", "pretrain_steps")
-    ckpt = resume_checkpoint(args, data_flags + ("hidden_dim", "num_qs", "num_envs", "buffer_size"))
+    ckpt = run.resume_checkpoint(data_flags + ("hidden_dim", "num_qs", "num_envs", "buffer_size"))
     load_agent(agent, ckpt, args.resume)
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(ckpt["optimizers"][name])
@@ -599,7 +597,7 @@ def restore(args: Args, agent, optimizers, buffer, rng, envs):
     buffer.ptr, buffer.size = int(replay["ptr"]), int(replay["size"])
     for name, values in buffer.data.items():
         values[: buffer.size] = replay[name].numpy()
-    set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
+    Run.set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
     offline = ReplayBuffer.holding(ckpt["offline_data"]) if ckpt["offline_data"] else None
     return ckpt["global_step"], ckpt["num_updates"], ckpt["pretrain_done"], offline
 
@@ -607,20 +605,20 @@ def restore(args: Args, agent, optimizers, buffer, rng, envs):
 def load_agent(agent, ckpt, path) -> None:
     # The older layout: critic.weights, .biases, .ln_gains and .ln_biases, a tensor each
     if "critic.layers.0" not in ckpt["agent"]:
-        raise fail(
+        raise Run.fail(
             f"checkpoint {path} has the critics' older layout; use the rlpd.py that wrote it"
         )
     agent.load_state_dict(ckpt["agent"])
 
 
-def log_losses(log, prefix, step, losses, due) -> None:
+def log_losses(run, prefix, step, losses, due) -> None:
     # Stop on a non-finite loss (pretraining counts as step 0); log prefix/* when due.
-    log.check_finite(torch.stack(list(losses.values())), max(step, 0))
+    run.check_finite(torch.stack(list(losses.values())), max(step, 0))
     if due:
-        log.scalars(step, {f"{prefix}/{k}": v for k, v in losses.items()})
+        run.log(step, {f"{prefix}/{k}": v for k, v in losses.items()})
 
 
-def evaluate(actor: Actor, args: Args, device, video_dir: Path | None = None) -> list[float]:
+def evaluate(actor: Actor, args: Args, to_device, video_dir: Path | None = None) -> list[float]:
     # Deterministic returns, a = tanh(mean), of episodes seeded seed + 10_000 + i (detail 11)
     env = make_env(args.env_id, render_mode="rgb_array" if video_dir else None)
     if video_dir:
@@ -634,7 +632,7 @@ def evaluate(actor: Actor, args: Args, device, video_dir: Path | None = None) ->
         done, total = False, 0.0
         while not done:
             with torch.inference_mode():
-                mean, _ = actor(to_device(obs[None], device))
+                mean, _ = actor(to_device(obs[None]))
             action = scale_action(torch.tanh(mean[0]).cpu().numpy(), low, high)
             obs, reward, terminated, truncated, _ = env.step(action)
             total, done = total + float(reward), terminated or truncated
@@ -643,193 +641,273 @@ def evaluate(actor: Actor, args: Args, device, video_dir: Path | None = None) ->
     return returns
 
 
-def eval_only(args: Args) -> None:
+def eval_only(args: Args, run) -> None:
     # Evaluate --checkpoint with its own env, network and seed: it repeats the final evaluation
-    ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
+    ckpt, device = Run.load_checkpoint(args.checkpoint), run.device
     env = make_env(ckpt["env_id"])
     obs_dim, act_dim = int(np.prod(env.observation_space.shape)), env.action_space.shape[0]
     env.close()
     agent = Agent(obs_dim, act_dim, ckpt["args"]["hidden_dim"], ckpt["args"]["num_qs"])
     load_agent(agent, ckpt, args.checkpoint)
-    video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
+    video_dir = run.video_dir
     run_args = replace(args, env_id=ckpt["env_id"], seed=ckpt["args"]["seed"])
-    write_eval_only(args, ckpt, evaluate(agent.actor.to(device), run_args, device, video_dir))
+    to_device = partial(run.to_device, dtype=torch.float32)
+    run.write_eval_only(ckpt, evaluate(agent.actor.to(device), run_args, to_device, video_dir))
 
 
-# ===== run harness: the same text in every file of algos/ (tests/test_harness.py compares them),
-# no algorithm knowledge: errors, checks, seeding, checkpoints, signals and the run's outputs
-# (README.md's "Usage" says what a run writes). Change it in one file, then copy it to the others.
-SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+# ===== run harness: the same text in every file of algos/, written from benchmark/run_harness.py
+# by `python -m benchmark harness`. No algorithm knowledge: flag checks, seeding and the device,
+# checkpoints, stop signals and the run's outputs (README.md's "Usage" says what a run writes).
+# The code above reaches all of it through one name, `run` (the class `Run`): skip those lines
+# to read the algorithm alone.
+SCRIPT = Path(__file__).name
+ALGO = Path(__file__).stem
 
 
-def fail(message: str) -> SystemExit:
-    """`raise fail(...)`: one line on stderr and exit status 1."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
+class Run:
+    """One training run's plumbing: checks, seeding, device, signals, logs and checkpoints.
 
+    run = Run(args, checks)                    # check the flags, seed, pick run.device,
+                                               # catch SIGINT/SIGTERM in run.stop
+    ckpt = run.resume_checkpoint(same=(...))   # --resume's checkpoint, or None
+    with run.start(step, total, state=..., evaluate=...):   # config.json, TensorBoard
+        while step < total and not run.stop:
+            ...                                # the algorithm; run.episode(...), run.log(...)
+            run.end_iteration(step)            # evaluations, checkpoints, progress as due
+        run.finish(step)                       # checkpoint, final evaluation, summary.json
 
-def check_flags(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first false (condition, message) row, the common flags' rows first."""
-    intervals = min(args.eval_interval, args.checkpoint_interval)
-    cuda = args.device != "cuda" or torch.cuda.is_available()
-    common = [
-        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
-        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-        (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
-        (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
-    ]
-    for ok, message in common + rows:
-        if not ok:
-            raise fail(message)
+    `state()` returns the file's checkpoint dict; `evaluate(video_dir)` returns the evaluation's
+    returns, or (returns, {"eval_<name>": value}).
+    """
 
+    def __init__(self, args, checks: list[tuple[bool, str]] = ()) -> None:
+        """Stop at the first failed check (the common flags' first), then seed and pick the
+        device; --run-dir must not name a file."""
+        Run.check_flags(args, list(checks))
+        self.args = args
+        self.device = Run.seed_and_pick_device(args)
+        self.run_dir = Run.run_dir_for(args, args.checkpoint if args.eval_only else args.resume)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise Run.fail(f"--run-dir {self.run_dir} is a file; pass a folder's path")
+        self.checkpoint = self.run_dir / "checkpoints" / "latest.pt"
+        self.stop: list[int] = []  # made true by the first SIGINT or SIGTERM
+        if not args.eval_only:
+            catch_stop_signals(self.stop)
 
-def seed_and_pick_device(args) -> torch.device:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
-    for seed in (random.seed, np.random.seed, torch.manual_seed):  # torch: CPU and every GPU
-        seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
+    # ------------------------------------------------------------ errors and checks
+    @staticmethod
+    def fail(message: str) -> SystemExit:
+        """`raise Run.fail(...)`: one line on stderr and exit status 1."""
+        return SystemExit(f"{SCRIPT}: error: {message}")
 
+    @staticmethod
+    def check_flags(args, rows: list[tuple[bool, str]]) -> None:
+        """Stop at the first false (condition, message) row, the common flags' rows first."""
+        intervals = min(args.eval_interval, args.checkpoint_interval)
+        cuda = args.device != "cuda" or torch.cuda.is_available()
+        wandb = not args.track or importlib.util.find_spec("wandb")
+        common = [
+            (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+            (
+                args.eval_episodes >= 1,
+                f"--eval-episodes must be at least 1, got {args.eval_episodes}",
+            ),
+            (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
+            (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+            (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
+            (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
+            (wandb, "--track needs wandb (pip install)"),
+        ]
+        for ok, message in common + rows:
+            if not ok:
+                raise Run.fail(message)
 
-def compiled(fn, args, device: torch.device):
-    """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
-    if not args.compile:
-        return fn
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default")
+    @staticmethod
+    def every(step: int, previous_step: int, interval: int) -> bool:
+        """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
+        return interval > 0 and step // interval != previous_step // interval
 
+    # ------------------------------------------------------------ seeding, device, speed
+    @staticmethod
+    def seed_and_pick_device(args) -> torch.device:
+        """Seed python, numpy's global generator and torch (CPU and every GPU); the device."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed)
+        torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        return torch.device("cuda" if cuda else "cpu")
 
-def rng_state(**generators) -> dict:
-    """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
-    state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
-    state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
-    cuda = torch.cuda.is_initialized()
-    return state | ({"cuda": torch.cuda.get_rng_state_all()} if cuda else {})
+    def compile(self, fn):
+        """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
+        if not self.args.compile:
+            return fn
+        mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        return torch.compile(fn, mode=mode)
 
+    def graph_step(self) -> None:
+        """Before a compiled step on CUDA: the previous step's outputs have been read, so its CUDA
+        graph may overwrite them."""
+        if self.args.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
 
-def set_rng_state(state: dict, **generators) -> None:
-    for name, g in generators.items():
-        if hasattr(g, "set_state"):
-            g.set_state(state[name])
-        else:
-            g.bit_generator.state = state[name]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    def to_device(self, array: np.ndarray | torch.Tensor, dtype: torch.dtype | None = None):
+        """`array` as a tensor on the run's device (converted to `dtype` on the host first). To a
+        GPU it goes through pinned memory, so the host does not wait for the copy; the caching
+        host allocator keeps the pinned block until the copy is done."""
+        x = torch.as_tensor(array)
+        if dtype is not None:
+            x = x.to(dtype)
+        if self.device.type == "cuda":
+            x = x.pin_memory()
+        return x.to(self.device, non_blocking=True)
 
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+        """A zeroed host tensor to stage data for the device (pinned on a GPU run)."""
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
 
-def write_atomic(path: Path, data: dict) -> None:  # a kill mid-write leaves the last one whole
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
-    os.replace(tmp, path)
+    def upload(self, host: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """A host (staging) tensor on the run's device, without waiting for the copy; `copy`
+        makes a new tensor even where no copy is needed (the CPU), so the host may be refilled."""
+        return host.to(self.device, non_blocking=True, copy=copy)
 
+    @staticmethod
+    def polyak(target, source, tau: float) -> None:
+        """theta_target <- (1 - tau) theta_target + tau theta_source, for two modules or two lists
+        of tensors, in one fused call."""
+        if isinstance(target, torch.nn.Module):
+            target, source = target.parameters(), source.parameters()
+        with torch.no_grad():
+            torch._foreach_lerp_(list(target), list(source), tau)
 
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
-    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by this library")
-    if ckpt["algo"] != ALGO:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py")
-    if env_id is not None and ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
-    return ckpt
+    # ------------------------------------------------------------ checkpoints
+    @staticmethod
+    def rng_state(**generators) -> dict:
+        """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
+        state = {}
+        for name, generator in generators.items():
+            generator = getattr(generator, "bit_generator", generator)
+            if hasattr(generator, "get_state"):
+                state[name] = generator.get_state()
+            else:
+                state[name] = generator.state
+        if torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
 
+    @staticmethod
+    def set_rng_state(state: dict, **generators) -> None:
+        """Restore what rng_state() saved into the same generators."""
+        for name, generator in generators.items():
+            if hasattr(generator, "set_state"):
+                generator.set_state(state[name])
+            else:
+                generator.bit_generator.state = state[name]
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
-def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
-    """--resume's checkpoint; refused below its step or when a flag in `same` differs."""
-    ckpt = load_checkpoint(args.resume, args.env_id)
-    if ckpt.get("harness") != 1:
-        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there")
-    if args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+")
-    for key in same:
-        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
-        if key not in ckpt["args"]:
-            raise fail(f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it")
-        was = f"{flag} {theirs}"
-        if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
-            was = flag if theirs else "--no-" + flag[2:]
-        if theirs != getattr(args, key):
-            raise fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
-    return ckpt
+    @staticmethod
+    def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+        """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            message = f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt"
+            raise Run.fail(message)
+        except Exception as e:
+            raise Run.fail(
+                f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one"
+            )
+        if (
+            not isinstance(ckpt, dict)
+            or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys()
+        ):
+            raise Run.fail(f"{path} is not a checkpoint written by this library")
+        if ckpt["algo"] != ALGO:
+            raise Run.fail(
+                f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py"
+            )
+        if env_id is not None and ckpt["env_id"] != env_id:
+            raise Run.fail(
+                f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}"
+            )
+        return ckpt
 
+    def resume_checkpoint(self, same: tuple[str, ...] | list[str]) -> dict | None:
+        """--resume's checkpoint (None without --resume); refused below its step or when a flag
+        in `same` differs."""
+        args = self.args
+        if not args.resume:
+            return None
+        ckpt = Run.load_checkpoint(args.resume, args.env_id)
+        if ckpt.get("harness") != 1:
+            raise Run.fail(
+                f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there"
+            )
+        if args.total_steps < ckpt["global_step"]:
+            raise Run.fail(
+                f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+"
+            )
+        for key in same:
+            flag = "--" + key.replace("_", "-")
+            theirs = ckpt["args"].get(key)
+            if key not in ckpt["args"]:
+                raise Run.fail(
+                    f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it"
+                )
+            was = f"{flag} {theirs}"
+            if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
+                was = flag if theirs else "--no-" + flag[2:]
+            if theirs != getattr(args, key):
+                raise Run.fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
+        return ckpt
 
-def run_dir_for(args, checkpoint: str | None) -> Path:
-    if args.run_dir:
-        return Path(args.run_dir)
-    if checkpoint:  # --resume, --eval-only: the folder above the checkpoint's checkpoints/
-        folder = Path(checkpoint).resolve().parent
-        return folder.parent if folder.name == "checkpoints" else folder
-    name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return Path("runs", name)
+    @staticmethod
+    def run_dir_for(args, checkpoint: str | None) -> Path:
+        """--run-dir; else the folder above a checkpoint's checkpoints/; else a new one in runs/."""
+        if args.run_dir:
+            return Path(args.run_dir)
+        if checkpoint:
+            folder = Path(checkpoint).resolve().parent
+            return folder.parent if folder.name == "checkpoints" else folder
+        name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        return Path("runs", name)
 
+    @property
+    def video_dir(self) -> Path | None:
+        """Where evaluation videos go, with --capture-video."""
+        return self.run_dir / "videos" if self.args.capture_video else None
 
-def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
-    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value})."""
-    returns, extra = result if isinstance(result, tuple) else (result, {})
-    returns = [float(r) for r in returns]
-    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
-    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
-
-
-def write_eval_only(args, ckpt: dict, result, **extra) -> None:
-    path = run_dir_for(args, args.checkpoint) / "eval.json"
-    info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
-    info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
-    write_atomic(path, info := {**info, **eval_fields(result)[0], **extra})
-    print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
-
-
-def stop_signal() -> list[int]:
-    """A list that the first SIGINT or SIGTERM makes true; a second one kills at once."""
-    caught = []
-
-    def on_signal(signum, _frame) -> None:
-        caught.append(signum)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return caught
-
-
-def every(step: int, previous_step: int, interval: int) -> bool:
-    """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
-    return interval > 0 and step // interval != previous_step // interval
-
-
-class RunLogger:
-    """config.json, TensorBoard (and W&B), progress, evaluations, checkpoints and summary.json."""
-
-    def __init__(self, args, run_dir: Path, start_step: int, total_steps: int, resumed, **config):
-        self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
-        self.start_step = self.step = start_step
-        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        config = {**asdict(args), "run_dir": str(run_dir), **config}
-        write_atomic(run_dir / "config.json", config)
+    # ------------------------------------------------------------ the run's life
+    def start(self, step: int, total_steps: int, state, evaluate, **about) -> Run:
+        """Write config.json (the flags, the device and `about`), open TensorBoard (and W&B);
+        `with` closes them."""
+        args = self.args
+        self.state, self.evaluate = state, evaluate
+        self.total_steps = total_steps
+        self.start_step = self.step = step
+        resumed = args.resume is not None
+        config = {**asdict(args), "run_dir": str(self.run_dir)}
+        config |= {"resolved_device": str(self.device), **about}
+        write_atomic(self.run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
-            self.wandb.init(**init, dir=str(run_dir), name=run_dir.name, resume="allow")
+            self.wandb.init(**init, dir=str(self.run_dir), name=self.run_dir.name, resume="allow")
         # on resume, TensorBoard hides what an earlier attempt logged after the checkpoint
-        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        purge_step = step + 1 if resumed else None
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
+        self.recent = deque(maxlen=20)
+        self.loop_start = time.time()
+        self.last_print = 0.0
         self.bad_step = torch.tensor(-1)  # the first step with a non-finite loss
+        return self
 
-    def __enter__(self) -> RunLogger:
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, error, _traceback) -> None:
@@ -838,16 +916,19 @@ class RunLogger:
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
             self.wandb.finish(exit_code=int(failed))
 
-    def scalars(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict) -> None:
+        """TensorBoard scalars {tag: number or 0-dim tensor} at `step`."""
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), step)
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """A finished training episode: logged, and kept for the progress line."""
         self.recent.append(float(episodic_return))
-        self.scalars(step, {"charts/episodic_return": self.recent[-1]})
-        self.scalars(step, {"charts/episodic_length": length})
+        self.log(step, {"charts/episodic_return": self.recent[-1]})
+        self.log(step, {"charts/episodic_length": length})
 
     def sps(self, step: int) -> float:
+        """Environment steps per second of the training loop so far."""
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
@@ -858,51 +939,104 @@ class RunLogger:
             self.stop_if_bad()
 
     def stop_if_bad(self) -> None:
-        if (step := int(self.bad_step)) >= 0:  # on a GPU this waits for the device
-            raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
+        """Raise the non-finite loss's error, if one was seen (on a GPU this waits for it)."""
+        if (step := int(self.bad_step)) >= 0:
+            raise Run.fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
-    def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
+    def evaluate_and_log(self, step: int, video_dir: Path | None = None) -> dict | None:
         """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
-        result, extra = eval_fields(evaluate(video_dir))
-        if not stop:
-            extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
-            self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
-            return result
+        result, extra = eval_fields(self.evaluate(video_dir))
+        if self.stop:
+            return None
+        extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
+        self.log(step, {"eval/episodic_return": result["eval_mean"], **extra})
+        return result
 
-    def end_iteration(self, step: int, stop, evaluate, state) -> None:
+    def end_iteration(self, step: int) -> None:
         """Evaluate and save as their intervals pass (finish() does both at the end); progress."""
-        previous, self.step = self.step, step
-        if stop or step >= self.total_steps:
+        previous = self.step
+        self.step = step
+        if self.stop or step >= self.total_steps:
             return
-        if every(step, previous, self.args.eval_interval):
-            self.evaluate(step, evaluate, stop)
-        if every(step, previous, self.args.checkpoint_interval) and not stop:
-            self.save(step, state())  # (a signal during the evaluation: finish() saves)
+        if Run.every(step, previous, self.args.eval_interval):
+            self.evaluate_and_log(step)
+        if Run.every(step, previous, self.args.checkpoint_interval) and not self.stop:
+            self.save(step)  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.stop_if_bad()
-            self.last_print, sps = time.time(), self.sps(step)
-            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+            self.last_print = time.time()
+            sps = self.sps(step)
+            recent = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {recent}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
-    def save(self, step: int, state: dict) -> None:
+    def save(self, step: int) -> None:
+        """checkpoints/latest.pt: the file's state() and what a resume checks."""
         self.stop_if_bad()  # no checkpoint of non-finite weights
-        meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
-        write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
+        args = self.args
+        meta = {"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args)}
+        write_atomic(self.checkpoint, {**meta, "global_step": step, **self.state()})
 
-    def finish(self, step: int, stop, evaluate, state, **extra) -> None:
+    def finish(self, step: int, **extra) -> None:
         """Save; unless a signal came, evaluate (with videos) and write summary.json: finished."""
         sps = self.sps(step)
-        self.save(step, state())
-        video_dir = self.run_dir / "videos" if self.args.capture_video else None
-        result = None if stop else self.evaluate(step, evaluate, stop, video_dir)
+        self.save(step)
+        result = None if self.stop else self.evaluate_and_log(step, self.video_dir)
         if result is None:
-            return print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
-        info = {"script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed}
+            print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
+            return
+        args = self.args
+        info = {"script": SCRIPT, "algo": ALGO, "env_id": args.env_id, "seed": args.seed}
         info |= {"global_step": step, "sps": sps, **result, **extra}
         write_atomic(self.run_dir / "summary.json", info)
         print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
+
+    def write_eval_only(self, ckpt: dict, result, **extra) -> None:
+        """--eval-only's eval.json beside the checkpoint's run: `evaluate`'s result and `extra`."""
+        path = self.run_dir / "eval.json"
+        info = {
+            "script": SCRIPT,
+            "algo": ALGO,
+            "env_id": ckpt["env_id"],
+            "seed": ckpt["args"]["seed"],
+        }
+        info |= {"checkpoint": str(self.args.checkpoint), "global_step": ckpt["global_step"]}
+        info |= {**eval_fields(result)[0], **extra}
+        write_atomic(path, info)
+        print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
+
+
+def catch_stop_signals(caught: list[int]) -> None:
+    """Make `caught` true at the first SIGINT or SIGTERM; a second one kills at once."""
+
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON or torch.save through a temporary file: a kill mid-write leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(data, indent=2))
+    else:
+        torch.save(data, tmp)
+    os.replace(tmp, path)
+
+
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
+    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value}),
+    and the extra ones alone."""
+    returns, extra = result if isinstance(result, tuple) else (result, {})
+    returns = [float(r) for r in returns]
+    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
 
 
 if __name__ == "__main__":

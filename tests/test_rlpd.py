@@ -273,7 +273,7 @@ def filled(rows: int, reward: float, offset: float) -> rlpd.ReplayBuffer:
 def test_each_minibatch_holds_the_ratio_of_prior_data_to_the_sample(ratio, n_offline):
     offline, online = filled(50, 1.0, 1000.0), filled(30, -1.0, 0.0)
     batches = rlpd.sample_mixed(
-        offline, online, 4, 10, ratio, np.random.default_rng(0), torch.device("cpu")
+        offline, online, 4, 10, ratio, np.random.default_rng(0), torch.from_numpy
     )
     assert batches["obs"].shape == (4, 10, 3) and batches["rewards"].shape == (4, 10)
     for i in range(4):  # every minibatch of the round, row by row
@@ -286,7 +286,7 @@ def test_each_minibatch_holds_the_ratio_of_prior_data_to_the_sample(ratio, n_off
 
 def test_without_prior_data_batches_are_online():
     batches = rlpd.sample_mixed(
-        None, filled(30, -1.0, 0.0), 2, 6, 0.0, np.random.default_rng(0), torch.device("cpu")
+        None, filled(30, -1.0, 0.0), 2, 6, 0.0, np.random.default_rng(0), torch.from_numpy
     )
     assert batches["rewards"].eq(-1).all()
 
