@@ -294,18 +294,17 @@ def clip_grads(agent: Agent, max_norm: float) -> None:
 ENV_ARRAYS = ("rewards", "terminated", "dones", "valid")  # what the envs give, per step
 
 
-def rollout_storage(num_steps: int, num_envs: int, obs_dim: int, device) -> dict:
+def rollout_storage(num_steps: int, num_envs: int, obs_dim: int, run: Run) -> dict:
     """Preallocated [T, N] tensors of one rollout (`valid` = 0 marks an autoreset step) on the
     device, and `staging`: the env's arrays and next observations in CPU memory, pinned on CUDA, so
     that their copies to the device do not wait (detail 9)."""
     names = ("logprobs", "values", *ENV_ARRAYS)
     shape = (num_steps, num_envs)
-    storage = {name: torch.zeros(shape, device=device) for name in names}
-    storage["obs"] = torch.zeros((*shape, obs_dim), device=device)
-    storage["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
-    pin = torch.device(device).type == "cuda"
-    staging = {name: torch.zeros(shape, pin_memory=pin) for name in ENV_ARRAYS}
-    staging["next_obs"] = torch.zeros((*shape, obs_dim), pin_memory=pin)
+    storage = {name: torch.zeros(shape, device=run.device) for name in names}
+    storage["obs"] = torch.zeros((*shape, obs_dim), device=run.device)
+    storage["actions"] = torch.zeros(shape, dtype=torch.long, device=run.device)
+    staging = {name: run.host_buffer(shape) for name in ENV_ARRAYS}
+    staging["next_obs"] = run.host_buffer((*shape, obs_dim))
     return storage | {"staging": staging}
 
 
@@ -330,11 +329,11 @@ def reset_carry(envs, seed: int, device) -> dict:
     return carry
 
 
-def rollout(envs, agent, storage: dict, carry: dict) -> list[tuple[int, float, int]]:
+def rollout(envs, agent, storage: dict, carry: dict, run: Run) -> list[tuple[int, float, int]]:
     """num_steps vector steps into `storage`, updating `carry` (see reset_carry) in place; the
     autoreset step gets valid = 0 (detail 5). Returns (t, return, length) of each episode ended.
     The actions' copy to the CPU is the only wait for the device (detail 9)."""
-    device, episodes = storage["rewards"].device, []
+    episodes = []
     staging = storage["staging"]
     stage = {name: x.numpy() for name, x in staging.items()}
     for t in range(storage["rewards"].shape[0]):
@@ -354,7 +353,7 @@ def rollout(envs, agent, storage: dict, carry: dict) -> list[tuple[int, float, i
         for name, x in zip(ENV_ARRAYS, (reward, terminated, done, real)):
             stage[name][t] = x
         stage["next_obs"][t] = next_obs
-        carry["next_obs"] = staging["next_obs"][t].to(device, non_blocking=True, copy=True)
+        carry["next_obs"] = run.upload(staging["next_obs"][t], copy=True)
         carry["ep_return"] += np.where(real, reward, 0.0)
         carry["ep_length"] += real
         for i in np.flatnonzero(done & real):
@@ -554,19 +553,19 @@ def adam(agent: Agent, lr: float, eps: float, device) -> torch.optim.Adam:
 
 
 def train(args: Args) -> None:
-    check_args(args)
+    run = Run(args, checks=check_args(args))
     if args.eval_only:
-        return eval_only(args)
+        return eval_only(args, run)
     obs_dim, num_actions = check_env(args.env_id)
-    ckpt = load_resume(args)
+    ckpt = load_resume(args, run)
     horizon = anneal_horizon(args, ckpt)
-    device = seed_and_pick_device(args)
+    device = run.device
     envs = make_envs(args.env_id, args.num_envs)
     agent = Agent(obs_dim, num_actions, args.hidden_dim, args.arch).to(device)
     optimizer = adam(agent, args.learning_rate, args.adam_eps, device)
     aux_optimizer = adam(agent, args.aux_learning_rate, args.adam_eps, device)
     N, batch_size = args.num_envs, args.num_envs * args.num_steps
-    storage = rollout_storage(args.num_steps, N, obs_dim, device)
+    storage = rollout_storage(args.num_steps, N, obs_dim, run)
     aux = aux_storage(args.n_pi if args.e_aux else 0, batch_size, obs_dim, device)
     carry = reset_carry(envs, args.seed, device)
     moments = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64, device=device)
@@ -580,11 +579,10 @@ def train(args: Args) -> None:
     state = partial(
         checkpoint_state, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters
     )
-    act, gae_fn = compiled(agent, args, device), compiled(gae, args, device)
-    policy_fn, aux_fn = compiled(policy_step, args, device), compiled(aux_step, args, device)
-    stop = stop_signal()
-    with RunLogger(args, run_dir_for(args, args.resume), global_step, total, bool(ckpt)) as log:
-        while global_step < total and not stop:
+    act, gae_fn = run.compile(agent), run.compile(gae)
+    policy_fn, aux_fn = run.compile(policy_step), run.compile(aux_step)
+    with run.start(global_step, total, state=state, evaluate=evaluate_policy):
+        while global_step < total and not run.stop:
             t_iter = time.time()
             # both rates fall linearly to 0 at the horizon (detail 6)
             frac = 1.0 - counters["iteration"] / (horizon // batch_size) if args.anneal_lr else 1.0
@@ -593,8 +591,8 @@ def train(args: Args) -> None:
             aux_optimizer.param_groups[0]["lr"].fill_(aux_lr)
             counters["iteration"] += 1
 
-            for t, ep_return, ep_length in rollout(envs, act, storage, carry):
-                log.episode(global_step + (t + 1) * N, ep_return, ep_length)
+            for t, ep_return, ep_length in rollout(envs, act, storage, carry, run):
+                run.episode(global_step + (t + 1) * N, ep_return, ep_length)
             global_step += batch_size
             batch = make_batch(storage, agent, carry["next_obs"], reward_norm, args, gae_fn)
             stats = policy_phase(agent, optimizer, batch, args, policy_fn)
@@ -609,20 +607,20 @@ def train(args: Args) -> None:
                 counters["aux_time_s"] += time.time() - t_aux
             counters["train_time_s"] += time.time() - t_iter
 
-            log.check_finite(stats, global_step)
+            run.check_finite(stats, global_step)
             v_old, w = storage["values"].flatten(), batch["valid"]  # w: the real steps
             ev = explained_variance(batch["returns"], v_old, w)
             # one read from the device per iteration (no aux phase: zip stops before its tags)
             values = torch.cat([ev[None], stats]).tolist()
-            log.scalars(global_step, dict(zip(LOSS_TAGS, values)))
-            charts = {"learning_rate": lr, "aux_learning_rate": aux_lr, "SPS": log.sps(global_step)}
+            run.log(global_step, dict(zip(LOSS_TAGS, values)))
+            charts = {"learning_rate": lr, "aux_learning_rate": aux_lr, "SPS": run.sps(global_step)}
             charts["aux_phase_time_fraction"] = aux_time_fraction(counters)
-            log.scalars(global_step, {f"charts/{k}": v for k, v in charts.items()})
-            log.end_iteration(global_step, stop, evaluate_policy, state)
+            run.log(global_step, {f"charts/{k}": v for k, v in charts.items()})
+            run.end_iteration(global_step)
         envs.close()
         summary = {"arch": args.arch, "aux_phases": counters["aux_phases"]}
         summary["aux_phase_time_fraction"] = aux_time_fraction(counters)
-        log.finish(global_step, stop, evaluate_policy, state, **summary)
+        run.finish(global_step, **summary)
 
 
 # ------------------------------------------------------------ the file's own plumbing
@@ -639,51 +637,47 @@ EPISODE_ARRAYS = ("autoreset", "ep_return", "ep_length")  # carry's numpy arrays
 COUNTERS = ("iteration", "phase_iteration", "aux_phases", "train_time_s", "aux_time_s")
 
 
-def check_args(args: Args) -> None:
-    """One-line refusals of flags that cannot work; sizes first: the later rows divide by them."""
+def check_args(args: Args) -> list[tuple[bool, str]]:
+    """(condition, one-line refusal) rows of the flags that cannot work; the sizes first, alone
+    when one fails: the later rows divide by them."""
     sizes = {name: getattr(args, name) for name in SIZES}
-    check_flags(
-        args,
-        [
-            (v >= 1, f"--{k.replace('_', '-')} must be at least 1, got {v}")
-            for k, v in sizes.items()
-        ],
-    )
+    size_rows = [
+        (v >= 1, f"--{k.replace('_', '-')} must be at least 1, got {v}") for k, v in sizes.items()
+    ]
+    if not all(ok for ok, _ in size_rows):
+        return size_rows
     batch_size = args.num_envs * args.num_steps
     aux_size = args.n_pi * batch_size
-    check_flags(
-        args,
-        [
-            (min(args.e_v, args.e_aux) >= 0, "--e-v and --e-aux must not be negative"),
-            (
-                args.schedule_steps is None or args.schedule_steps > 0,
-                "--schedule-steps must be positive",
-            ),
-            (
-                args.e_v > 0 or args.e_aux > 0,
-                "--e-v 0 with --e-aux 0 never trains the value function; raise one",
-            ),
-            (
-                min(args.learning_rate, args.aux_learning_rate, args.adam_eps) > 0,
-                "--learning-rate, --aux-learning-rate and --adam-eps must be positive",
-            ),
-            (
-                batch_size % args.num_minibatches == 0,
-                f"--num-minibatches {args.num_minibatches} does not divide "
-                f"num-envs x num-steps = {batch_size}; pick a divisor",
-            ),
-            (
-                not args.e_aux or aux_size % args.aux_num_minibatches == 0,
-                f"--aux-num-minibatches {args.aux_num_minibatches} does not divide "
-                f"n-pi x num-envs x num-steps = {aux_size}; pick a divisor",
-            ),
-            (
-                args.resume or args.eval_only or args.total_steps >= batch_size,
-                f"--total-steps {args.total_steps} is below one rollout "
-                f"(num-envs x num-steps = {batch_size}); raise it",
-            ),
-        ],
-    )
+    return size_rows + [
+        (min(args.e_v, args.e_aux) >= 0, "--e-v and --e-aux must not be negative"),
+        (
+            args.schedule_steps is None or args.schedule_steps > 0,
+            "--schedule-steps must be positive",
+        ),
+        (
+            args.e_v > 0 or args.e_aux > 0,
+            "--e-v 0 with --e-aux 0 never trains the value function; raise one",
+        ),
+        (
+            min(args.learning_rate, args.aux_learning_rate, args.adam_eps) > 0,
+            "--learning-rate, --aux-learning-rate and --adam-eps must be positive",
+        ),
+        (
+            batch_size % args.num_minibatches == 0,
+            f"--num-minibatches {args.num_minibatches} does not divide "
+            f"num-envs x num-steps = {batch_size}; pick a divisor",
+        ),
+        (
+            not args.e_aux or aux_size % args.aux_num_minibatches == 0,
+            f"--aux-num-minibatches {args.aux_num_minibatches} does not divide "
+            f"n-pi x num-envs x num-steps = {aux_size}; pick a divisor",
+        ),
+        (
+            args.resume or args.eval_only or args.total_steps >= batch_size,
+            f"--total-steps {args.total_steps} is below one rollout "
+            f"(num-envs x num-steps = {batch_size}); raise it",
+        ),
+    ]
 
 
 def check_env(env_id: str) -> tuple[int, int]:
@@ -694,7 +688,7 @@ def check_env(env_id: str) -> tuple[int, int]:
         hint = "check the id (e.g. CartPole-v1)"
         if env_id.startswith("ALE/"):
             hint = "Atari ids belong to ppo_atari.py"
-        raise fail(f"unknown environment {env_id!r} ({e}); {hint}") from None
+        raise Run.fail(f"unknown environment {env_id!r} ({e}); {hint}") from None
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     box, shape = isinstance(obs_space, gym.spaces.Box), obs_space.shape
@@ -706,18 +700,18 @@ def check_env(env_id: str) -> tuple[int, int]:
         (discrete, f"action space {act_space}; ppg.py needs Discrete actions"),
     ]:
         if not ok:
-            raise fail(f"{env_id} has {problem}")
+            raise Run.fail(f"{env_id} has {problem}")
     return int(shape[0]), int(act_space.n)
 
 
-def load_resume(args: Args) -> dict | None:
+def load_resume(args: Args, run: Run) -> dict | None:
     """--resume's checkpoint (None without one), refused when what it stores has another shape."""
-    if not args.resume:
+    ckpt = run.resume_checkpoint(same=("arch", "hidden_dim", "num_envs", "num_steps", "n_pi"))
+    if ckpt is None:
         return None
-    ckpt = resume_checkpoint(args, same=("arch", "hidden_dim", "num_envs", "num_steps", "n_pi"))
     e_aux = ckpt["args"]["e_aux"]
     if bool(e_aux) != bool(args.e_aux):  # the stored samples exist only with an auxiliary phase
-        raise fail(
+        raise Run.fail(
             f"checkpoint {args.resume} was made with --e-aux {e_aux} (the auxiliary phase cannot "
             f"be switched on or off at resume); pass --e-aux {e_aux}"
         )
@@ -735,7 +729,7 @@ def anneal_horizon(args: Args, ckpt: dict | None) -> int:
     else:
         horizon = args.total_steps
     if args.anneal_lr and args.total_steps > horizon:  # refused rather than trained at a rate of 0
-        raise fail(
+        raise Run.fail(
             f"--total-steps {args.total_steps} runs past the learning-rate schedule, which reaches "
             f"0 at step {horizon}; pass --schedule-steps {args.total_steps} to stretch it, "
             "or --no-anneal-lr"
@@ -762,7 +756,7 @@ def checkpoint_state(agent, optimizer, aux_optimizer, envs, carry, aux, reward_n
         **{name: torch.from_numpy(carry[name].copy()) for name in EPISODE_ARRAYS},
         "reward_moments": reward_norm["moments"].cpu(),
         "reward_ret": reward_norm["ret"].cpu(),
-        "rng": rng_state(torch=torch.default_generator),
+        "rng": Run.rng_state(torch=torch.default_generator),
     }
 
 
@@ -785,7 +779,7 @@ def restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm
     else:
         obs, _ = envs.reset(seed=ckpt["args"]["seed"] + ckpt["iteration"])
         carry["next_obs"] = torch.as_tensor(obs, dtype=torch.float32, device=device).contiguous()
-    set_rng_state(ckpt["rng"], torch=torch.default_generator)
+    Run.set_rng_state(ckpt["rng"], torch=torch.default_generator)
     # (older checkpoints hold the moments as a list of floats)
     moments = torch.as_tensor(ckpt["reward_moments"], dtype=torch.float64).to(device)
     reward_norm.update(moments=moments, ret=ckpt["reward_ret"].to(device))
@@ -811,191 +805,271 @@ def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir=Non
     return returns
 
 
-def eval_only(args: Args) -> None:
+def eval_only(args: Args, run: Run) -> None:
     """Evaluate --checkpoint with its own env, network and seed: its run's final evaluation."""
-    ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
+    ckpt, device = Run.load_checkpoint(args.checkpoint), run.device
     saved = ckpt["args"]
     agent = Agent(*check_env(ckpt["env_id"]), saved["hidden_dim"], saved["arch"]).to(device)
     agent.load_state_dict(ckpt["agent"])
-    video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
-    returns = evaluate(agent, ckpt["env_id"], args.eval_episodes, saved["seed"], device, video_dir)
-    write_eval_only(args, ckpt, returns)
+    returns = evaluate(
+        agent, ckpt["env_id"], args.eval_episodes, saved["seed"], device, run.video_dir
+    )
+    run.write_eval_only(ckpt, returns)
 
 
-# ===== run harness: the same text in every file of algos/ (tests/test_harness.py compares them),
-# no algorithm knowledge: errors, checks, seeding, checkpoints, signals and the run's outputs
-# (README.md's "Usage" says what a run writes). Change it in one file, then copy it to the others.
-SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+# ===== run harness: the same text in every file of algos/, written from benchmark/run_harness.py
+# by `python -m benchmark harness`. No algorithm knowledge: flag checks, seeding and the device,
+# checkpoints, stop signals and the run's outputs (README.md's "Usage" says what a run writes).
+# The code above reaches all of it through one name, `run` (the class `Run`): skip those lines
+# to read the algorithm alone.
+SCRIPT = Path(__file__).name
+ALGO = Path(__file__).stem
 
 
-def fail(message: str) -> SystemExit:
-    """`raise fail(...)`: one line on stderr and exit status 1."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
+class Run:
+    """One training run's plumbing: checks, seeding, device, signals, logs and checkpoints.
 
+    run = Run(args, checks)                    # check the flags, seed, pick run.device,
+                                               # catch SIGINT/SIGTERM in run.stop
+    ckpt = run.resume_checkpoint(same=(...))   # --resume's checkpoint, or None
+    with run.start(step, total, state=..., evaluate=...):   # config.json, TensorBoard
+        while step < total and not run.stop:
+            ...                                # the algorithm; run.episode(...), run.log(...)
+            run.end_iteration(step)            # evaluations, checkpoints, progress as due
+        run.finish(step)                       # checkpoint, final evaluation, summary.json
 
-def check_flags(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first false (condition, message) row, the common flags' rows first."""
-    intervals = min(args.eval_interval, args.checkpoint_interval)
-    cuda = args.device != "cuda" or torch.cuda.is_available()
-    common = [
-        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
-        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-        (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
-        (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
-    ]
-    for ok, message in common + rows:
-        if not ok:
-            raise fail(message)
+    `state()` returns the file's checkpoint dict; `evaluate(video_dir)` returns the evaluation's
+    returns, or (returns, {"eval_<name>": value}).
+    """
 
+    def __init__(self, args, checks: list[tuple[bool, str]] = ()) -> None:
+        """Stop at the first failed check (the common flags' first), then seed and pick the
+        device; --run-dir must not name a file."""
+        Run.check_flags(args, list(checks))
+        self.args = args
+        self.device = Run.seed_and_pick_device(args)
+        self.run_dir = Run.run_dir_for(args, args.checkpoint if args.eval_only else args.resume)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise Run.fail(f"--run-dir {self.run_dir} is a file; pass a folder's path")
+        self.checkpoint = self.run_dir / "checkpoints" / "latest.pt"
+        self.stop: list[int] = []  # made true by the first SIGINT or SIGTERM
+        if not args.eval_only:
+            catch_stop_signals(self.stop)
 
-def seed_and_pick_device(args) -> torch.device:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
-    for seed in (random.seed, np.random.seed, torch.manual_seed):  # torch: CPU and every GPU
-        seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
+    # ------------------------------------------------------------ errors and checks
+    @staticmethod
+    def fail(message: str) -> SystemExit:
+        """`raise Run.fail(...)`: one line on stderr and exit status 1."""
+        return SystemExit(f"{SCRIPT}: error: {message}")
 
+    @staticmethod
+    def check_flags(args, rows: list[tuple[bool, str]]) -> None:
+        """Stop at the first false (condition, message) row, the common flags' rows first."""
+        intervals = min(args.eval_interval, args.checkpoint_interval)
+        cuda = args.device != "cuda" or torch.cuda.is_available()
+        wandb = not args.track or importlib.util.find_spec("wandb")
+        common = [
+            (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+            (
+                args.eval_episodes >= 1,
+                f"--eval-episodes must be at least 1, got {args.eval_episodes}",
+            ),
+            (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
+            (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+            (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
+            (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
+            (wandb, "--track needs wandb (pip install)"),
+        ]
+        for ok, message in common + rows:
+            if not ok:
+                raise Run.fail(message)
 
-def compiled(fn, args, device: torch.device):
-    """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
-    if not args.compile:
-        return fn
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default")
+    @staticmethod
+    def every(step: int, previous_step: int, interval: int) -> bool:
+        """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
+        return interval > 0 and step // interval != previous_step // interval
 
+    # ------------------------------------------------------------ seeding, device, speed
+    @staticmethod
+    def seed_and_pick_device(args) -> torch.device:
+        """Seed python, numpy's global generator and torch (CPU and every GPU); the device."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed)
+        torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        return torch.device("cuda" if cuda else "cpu")
 
-def rng_state(**generators) -> dict:
-    """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
-    state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
-    state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
-    cuda = torch.cuda.is_initialized()
-    return state | ({"cuda": torch.cuda.get_rng_state_all()} if cuda else {})
+    def compile(self, fn):
+        """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
+        if not self.args.compile:
+            return fn
+        mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        return torch.compile(fn, mode=mode)
 
+    def graph_step(self) -> None:
+        """Before a compiled step on CUDA: the previous step's outputs have been read, so its CUDA
+        graph may overwrite them."""
+        if self.args.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
 
-def set_rng_state(state: dict, **generators) -> None:
-    for name, g in generators.items():
-        if hasattr(g, "set_state"):
-            g.set_state(state[name])
-        else:
-            g.bit_generator.state = state[name]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    def to_device(self, array: np.ndarray | torch.Tensor, dtype: torch.dtype | None = None):
+        """`array` as a tensor on the run's device (converted to `dtype` on the host first). To a
+        GPU it goes through pinned memory, so the host does not wait for the copy; the caching
+        host allocator keeps the pinned block until the copy is done."""
+        x = torch.as_tensor(array)
+        if dtype is not None:
+            x = x.to(dtype)
+        if self.device.type == "cuda":
+            x = x.pin_memory()
+        return x.to(self.device, non_blocking=True)
 
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+        """A zeroed host tensor to stage data for the device (pinned on a GPU run)."""
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
 
-def write_atomic(path: Path, data: dict) -> None:  # a kill mid-write leaves the last one whole
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
-    os.replace(tmp, path)
+    def upload(self, host: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """A host (staging) tensor on the run's device, without waiting for the copy; `copy`
+        makes a new tensor even where no copy is needed (the CPU), so the host may be refilled."""
+        return host.to(self.device, non_blocking=True, copy=copy)
 
+    @staticmethod
+    def polyak(target, source, tau: float) -> None:
+        """theta_target <- (1 - tau) theta_target + tau theta_source, for two modules or two lists
+        of tensors, in one fused call."""
+        if isinstance(target, torch.nn.Module):
+            target, source = target.parameters(), source.parameters()
+        with torch.no_grad():
+            torch._foreach_lerp_(list(target), list(source), tau)
 
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
-    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by this library")
-    if ckpt["algo"] != ALGO:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py")
-    if env_id is not None and ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
-    return ckpt
+    # ------------------------------------------------------------ checkpoints
+    @staticmethod
+    def rng_state(**generators) -> dict:
+        """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
+        state = {}
+        for name, generator in generators.items():
+            generator = getattr(generator, "bit_generator", generator)
+            if hasattr(generator, "get_state"):
+                state[name] = generator.get_state()
+            else:
+                state[name] = generator.state
+        if torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
 
+    @staticmethod
+    def set_rng_state(state: dict, **generators) -> None:
+        """Restore what rng_state() saved into the same generators."""
+        for name, generator in generators.items():
+            if hasattr(generator, "set_state"):
+                generator.set_state(state[name])
+            else:
+                generator.bit_generator.state = state[name]
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
-def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
-    """--resume's checkpoint; refused below its step or when a flag in `same` differs."""
-    ckpt = load_checkpoint(args.resume, args.env_id)
-    if ckpt.get("harness") != 1:
-        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there")
-    if args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+")
-    for key in same:
-        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
-        if key not in ckpt["args"]:
-            raise fail(f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it")
-        was = f"{flag} {theirs}"
-        if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
-            was = flag if theirs else "--no-" + flag[2:]
-        if theirs != getattr(args, key):
-            raise fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
-    return ckpt
+    @staticmethod
+    def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+        """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            message = f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt"
+            raise Run.fail(message)
+        except Exception as e:
+            raise Run.fail(
+                f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one"
+            )
+        if (
+            not isinstance(ckpt, dict)
+            or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys()
+        ):
+            raise Run.fail(f"{path} is not a checkpoint written by this library")
+        if ckpt["algo"] != ALGO:
+            raise Run.fail(
+                f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py"
+            )
+        if env_id is not None and ckpt["env_id"] != env_id:
+            raise Run.fail(
+                f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}"
+            )
+        return ckpt
 
+    def resume_checkpoint(self, same: tuple[str, ...] | list[str]) -> dict | None:
+        """--resume's checkpoint (None without --resume); refused below its step or when a flag
+        in `same` differs."""
+        args = self.args
+        if not args.resume:
+            return None
+        ckpt = Run.load_checkpoint(args.resume, args.env_id)
+        if ckpt.get("harness") != 1:
+            raise Run.fail(
+                f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there"
+            )
+        if args.total_steps < ckpt["global_step"]:
+            raise Run.fail(
+                f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+"
+            )
+        for key in same:
+            flag = "--" + key.replace("_", "-")
+            theirs = ckpt["args"].get(key)
+            if key not in ckpt["args"]:
+                raise Run.fail(
+                    f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it"
+                )
+            was = f"{flag} {theirs}"
+            if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
+                was = flag if theirs else "--no-" + flag[2:]
+            if theirs != getattr(args, key):
+                raise Run.fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
+        return ckpt
 
-def run_dir_for(args, checkpoint: str | None) -> Path:
-    if args.run_dir:
-        return Path(args.run_dir)
-    if checkpoint:  # --resume, --eval-only: the folder above the checkpoint's checkpoints/
-        folder = Path(checkpoint).resolve().parent
-        return folder.parent if folder.name == "checkpoints" else folder
-    name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return Path("runs", name)
+    @staticmethod
+    def run_dir_for(args, checkpoint: str | None) -> Path:
+        """--run-dir; else the folder above a checkpoint's checkpoints/; else a new one in runs/."""
+        if args.run_dir:
+            return Path(args.run_dir)
+        if checkpoint:
+            folder = Path(checkpoint).resolve().parent
+            return folder.parent if folder.name == "checkpoints" else folder
+        name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        return Path("runs", name)
 
+    @property
+    def video_dir(self) -> Path | None:
+        """Where evaluation videos go, with --capture-video."""
+        return self.run_dir / "videos" if self.args.capture_video else None
 
-def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
-    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value})."""
-    returns, extra = result if isinstance(result, tuple) else (result, {})
-    returns = [float(r) for r in returns]
-    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
-    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
-
-
-def write_eval_only(args, ckpt: dict, result, **extra) -> None:
-    path = run_dir_for(args, args.checkpoint) / "eval.json"
-    info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
-    info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
-    write_atomic(path, info := {**info, **eval_fields(result)[0], **extra})
-    print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
-
-
-def stop_signal() -> list[int]:
-    """A list that the first SIGINT or SIGTERM makes true; a second one kills at once."""
-    caught = []
-
-    def on_signal(signum, _frame) -> None:
-        caught.append(signum)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return caught
-
-
-def every(step: int, previous_step: int, interval: int) -> bool:
-    """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
-    return interval > 0 and step // interval != previous_step // interval
-
-
-class RunLogger:
-    """config.json, TensorBoard (and W&B), progress, evaluations, checkpoints and summary.json."""
-
-    def __init__(self, args, run_dir: Path, start_step: int, total_steps: int, resumed, **config):
-        self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
-        self.start_step = self.step = start_step
-        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        config = {**asdict(args), "run_dir": str(run_dir), **config}
-        write_atomic(run_dir / "config.json", config)
+    # ------------------------------------------------------------ the run's life
+    def start(self, step: int, total_steps: int, state, evaluate, **about) -> Run:
+        """Write config.json (the flags, the device and `about`), open TensorBoard (and W&B);
+        `with` closes them."""
+        args = self.args
+        self.state, self.evaluate = state, evaluate
+        self.total_steps = total_steps
+        self.start_step = self.step = step
+        resumed = args.resume is not None
+        config = {**asdict(args), "run_dir": str(self.run_dir)}
+        config |= {"resolved_device": str(self.device), **about}
+        write_atomic(self.run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
-            self.wandb.init(**init, dir=str(run_dir), name=run_dir.name, resume="allow")
+            self.wandb.init(**init, dir=str(self.run_dir), name=self.run_dir.name, resume="allow")
         # on resume, TensorBoard hides what an earlier attempt logged after the checkpoint
-        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        purge_step = step + 1 if resumed else None
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
+        self.recent = deque(maxlen=20)
+        self.loop_start = time.time()
+        self.last_print = 0.0
         self.bad_step = torch.tensor(-1)  # the first step with a non-finite loss
+        return self
 
-    def __enter__(self) -> RunLogger:
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, error, _traceback) -> None:
@@ -1004,16 +1078,19 @@ class RunLogger:
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
             self.wandb.finish(exit_code=int(failed))
 
-    def scalars(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict) -> None:
+        """TensorBoard scalars {tag: number or 0-dim tensor} at `step`."""
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), step)
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """A finished training episode: logged, and kept for the progress line."""
         self.recent.append(float(episodic_return))
-        self.scalars(step, {"charts/episodic_return": self.recent[-1]})
-        self.scalars(step, {"charts/episodic_length": length})
+        self.log(step, {"charts/episodic_return": self.recent[-1]})
+        self.log(step, {"charts/episodic_length": length})
 
     def sps(self, step: int) -> float:
+        """Environment steps per second of the training loop so far."""
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
@@ -1024,51 +1101,104 @@ class RunLogger:
             self.stop_if_bad()
 
     def stop_if_bad(self) -> None:
-        if (step := int(self.bad_step)) >= 0:  # on a GPU this waits for the device
-            raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
+        """Raise the non-finite loss's error, if one was seen (on a GPU this waits for it)."""
+        if (step := int(self.bad_step)) >= 0:
+            raise Run.fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
-    def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
+    def evaluate_and_log(self, step: int, video_dir: Path | None = None) -> dict | None:
         """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
-        result, extra = eval_fields(evaluate(video_dir))
-        if not stop:
-            extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
-            self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
-            return result
+        result, extra = eval_fields(self.evaluate(video_dir))
+        if self.stop:
+            return None
+        extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
+        self.log(step, {"eval/episodic_return": result["eval_mean"], **extra})
+        return result
 
-    def end_iteration(self, step: int, stop, evaluate, state) -> None:
+    def end_iteration(self, step: int) -> None:
         """Evaluate and save as their intervals pass (finish() does both at the end); progress."""
-        previous, self.step = self.step, step
-        if stop or step >= self.total_steps:
+        previous = self.step
+        self.step = step
+        if self.stop or step >= self.total_steps:
             return
-        if every(step, previous, self.args.eval_interval):
-            self.evaluate(step, evaluate, stop)
-        if every(step, previous, self.args.checkpoint_interval) and not stop:
-            self.save(step, state())  # (a signal during the evaluation: finish() saves)
+        if Run.every(step, previous, self.args.eval_interval):
+            self.evaluate_and_log(step)
+        if Run.every(step, previous, self.args.checkpoint_interval) and not self.stop:
+            self.save(step)  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.stop_if_bad()
-            self.last_print, sps = time.time(), self.sps(step)
-            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+            self.last_print = time.time()
+            sps = self.sps(step)
+            recent = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {recent}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
-    def save(self, step: int, state: dict) -> None:
+    def save(self, step: int) -> None:
+        """checkpoints/latest.pt: the file's state() and what a resume checks."""
         self.stop_if_bad()  # no checkpoint of non-finite weights
-        meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
-        write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
+        args = self.args
+        meta = {"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args)}
+        write_atomic(self.checkpoint, {**meta, "global_step": step, **self.state()})
 
-    def finish(self, step: int, stop, evaluate, state, **extra) -> None:
+    def finish(self, step: int, **extra) -> None:
         """Save; unless a signal came, evaluate (with videos) and write summary.json: finished."""
         sps = self.sps(step)
-        self.save(step, state())
-        video_dir = self.run_dir / "videos" if self.args.capture_video else None
-        result = None if stop else self.evaluate(step, evaluate, stop, video_dir)
+        self.save(step)
+        result = None if self.stop else self.evaluate_and_log(step, self.video_dir)
         if result is None:
-            return print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
-        info = {"script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed}
+            print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
+            return
+        args = self.args
+        info = {"script": SCRIPT, "algo": ALGO, "env_id": args.env_id, "seed": args.seed}
         info |= {"global_step": step, "sps": sps, **result, **extra}
         write_atomic(self.run_dir / "summary.json", info)
         print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
+
+    def write_eval_only(self, ckpt: dict, result, **extra) -> None:
+        """--eval-only's eval.json beside the checkpoint's run: `evaluate`'s result and `extra`."""
+        path = self.run_dir / "eval.json"
+        info = {
+            "script": SCRIPT,
+            "algo": ALGO,
+            "env_id": ckpt["env_id"],
+            "seed": ckpt["args"]["seed"],
+        }
+        info |= {"checkpoint": str(self.args.checkpoint), "global_step": ckpt["global_step"]}
+        info |= {**eval_fields(result)[0], **extra}
+        write_atomic(path, info)
+        print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
+
+
+def catch_stop_signals(caught: list[int]) -> None:
+    """Make `caught` true at the first SIGINT or SIGTERM; a second one kills at once."""
+
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON or torch.save through a temporary file: a kill mid-write leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(data, indent=2))
+    else:
+        torch.save(data, tmp)
+    os.replace(tmp, path)
+
+
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
+    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value}),
+    and the extra ones alone."""
+    returns, extra = result if isinstance(result, tuple) else (result, {})
+    returns = [float(r) for r in returns]
+    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
 
 
 if __name__ == "__main__":

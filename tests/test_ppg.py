@@ -345,6 +345,13 @@ class CountingValue(torch.nn.Module):
         return torch.zeros(len(x), 2), 100 * x[:, 0] + x[:, 1], torch.zeros(len(x))
 
 
+def cpu_run():
+    """The harness's staging helpers (host_buffer, upload) for a CPU run, without a whole run."""
+    run = ppg.Run.__new__(ppg.Run)
+    run.device = torch.device("cpu")
+    return run
+
+
 def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
     T, N, gamma, lam = 9, 3, 0.9, 0.8
     envs = ppg.make_envs("PpgCounter-v0", N)
@@ -352,8 +359,8 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
     carry = ppg.reset_carry(envs, seed=3, device="cpu")
     agent, ends = CountingValue(), {"terminated": 0, "truncated": 0}
     for _ in range(3):  # episodes cross rollout boundaries: carry holds the running episode
-        storage = ppg.rollout_storage(T, N, obs_dim=2, device="cpu")
-        episodes = ppg.rollout(envs, agent, storage, carry)
+        storage = ppg.rollout_storage(T, N, obs_dim=2, run=cpu_run())
+        episodes = ppg.rollout(envs, agent, storage, carry, cpu_run())
         # obs[t + 1]: what step t returned
         obs = torch.cat([storage["obs"], carry["next_obs"].unsqueeze(0)])
         t_now, L = obs[:-1, :, 0], obs[:-1, :, 1]
@@ -607,7 +614,7 @@ def test_same_seed_same_metrics_and_python_numpy_generators_unused(
     """Same seed: identical metrics and weights, even with python's and numpy's global generators
     reseeded after seeding (the file draws from neither); another seed differs (the control)."""
     run(tmp_path / "a", total_steps=256, eval_interval=0)
-    real_seed = ppg.seed_and_pick_device
+    real_seed = ppg.Run.seed_and_pick_device
 
     def seed_then_disturb(args):
         device = real_seed(args)
@@ -615,7 +622,7 @@ def test_same_seed_same_metrics_and_python_numpy_generators_unused(
         np.random.seed(12345)
         return device
 
-    monkeypatch.setattr(ppg, "seed_and_pick_device", seed_then_disturb)
+    monkeypatch.setattr(ppg.Run, "seed_and_pick_device", staticmethod(seed_then_disturb))
     run(tmp_path / "b", total_steps=256, eval_interval=0)
     monkeypatch.undo()
     run(tmp_path / "c", total_steps=256, eval_interval=0, seed=2)
@@ -706,7 +713,7 @@ def test_restore_moves_every_tensor_to_the_device(tmp_path, restore_signals):
     """The checkpoint is read on the CPU; restore() moves what it holds to the run's device. Checked
     with the meta device, which CPU-only machines have: any tensor left on the CPU shows."""
     run(tmp_path / "run", total_steps=256, eval_interval=0, norm_reward=True)
-    ckpt = ppg.load_checkpoint(str(tmp_path / "run" / "checkpoints" / "latest.pt"))
+    ckpt = ppg.Run.load_checkpoint(str(tmp_path / "run" / "checkpoints" / "latest.pt"))
     meta = torch.device("meta")
     agent = ppg.Agent(4, 2, TINY_ARGS["hidden_dim"], "dual").to(meta)
     optimizers = [torch.optim.Adam(agent.parameters(), lr=1e-3) for _ in range(2)]
@@ -794,27 +801,27 @@ def test_signal_skips_evaluations_saves_and_second_signal_kills(
 def test_checkpoint_interval_saves_once_per_crossing_and_once_at_the_end(
     tmp_path, restore_signals, monkeypatch
 ):
-    real_save, saved = ppg.RunLogger.save, []
+    real_save, saved = ppg.Run.save, []
 
-    def save(log, step, state):
+    def save(run, step):
         saved.append(step)
-        real_save(log, step, state)
+        real_save(run, step)
 
-    monkeypatch.setattr(ppg.RunLogger, "save", save)
+    monkeypatch.setattr(ppg.Run, "save", save)
     # 3 iterations of 64 steps
     run(tmp_path / "run", total_steps=192, eval_interval=0, checkpoint_interval=64)
     assert saved == [64, 128, 192]  # the last crossing is the final save, not a second one
 
 
 def test_sps_counts_only_the_training_loop(tmp_path, restore_signals, monkeypatch):
-    real_check_env, real_save = ppg.check_env, ppg.RunLogger.save
+    real_check_env, real_save = ppg.check_env, ppg.Run.save
 
     def slow(seconds, fn=lambda *a: [1.0]):
         return lambda *a, **kw: time.sleep(seconds) or fn(*a, **kw)
 
     # 1 s of startup, 0.5 s final checkpoint (the only one), 1 s final evaluation (--eval-interval 0)
     monkeypatch.setattr(ppg, "check_env", slow(1.0, real_check_env))
-    monkeypatch.setattr(ppg.RunLogger, "save", slow(0.5, real_save))
+    monkeypatch.setattr(ppg.Run, "save", slow(0.5, real_save))
     monkeypatch.setattr(ppg, "evaluate", slow(1.0))
     start = time.time()
     run(tmp_path / "run", total_steps=128, eval_interval=0, checkpoint_interval=0)
