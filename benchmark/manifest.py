@@ -11,7 +11,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .tune_space import TuneTable
 
 try:
     import tomllib
@@ -145,6 +148,9 @@ class Preset:
     table: dict[str, Any] = field(
         default_factory=dict, compare=False
     )  # as written, for the sweep's copy
+    # `python -m benchmark tune`'s table (benchmark/tune_space.py); not in `table`, so that a
+    # sweep's copy of its presets, and what a result was run at, do not change with it.
+    tune: TuneTable | None = field(default=None, compare=False)
 
     def budget(self, mode: Mode) -> Budget:
         return self.smoke if mode == "smoke" else self.full
@@ -166,6 +172,7 @@ PRESET_KEYS = {
     "dataset",
     "group",
     "normalise",
+    "tune",
 }
 BUDGET_KEYS = {"total_steps", "timeout_s", "seeds", "args", "required_tags", "memory_gb"}
 TARGET_KEYS = {"metric", "min", "above", "at_least", "of", "mean_min", "iqm_min", "hold", "text"}
@@ -376,8 +383,15 @@ def _preset(name: str, data: Any, where: str, algos_dir: Path, check_script: boo
         normalise=_normaliser(data["normalise"], f"{where}: normalise")
         if "normalise" in data
         else None,
-        table=data,
+        table={key: value for key, value in data.items() if key != "tune"},
+        tune=_tune(data["tune"], f"{where}: tune") if "tune" in data else None,
     )
+
+
+def _tune(data: Any, where: str) -> TuneTable:
+    from .tune_space import parse_tune  # which imports this module
+
+    return parse_tune(data, where)
 
 
 def _reference(data: Any, where: str) -> Reference:
