@@ -12,6 +12,8 @@
 - speed: each algorithm file's steady-state steps/s, eager and compiled, optionally against a commit.
 - equivalence: every preset's smoke run with the algorithm files at a commit and in the working tree,
   compared exactly (checkpoints, scalars, summaries): proof that a refactor changed no behaviour.
+- tune: a hyperparameter search on Optuna over presets' search spaces, the best re-run on fresh seeds
+  beside the defaults (results/tune-<name>/).
 """
 
 from __future__ import annotations
@@ -162,6 +164,44 @@ class Full(Sweep):
     """Use this many total steps for every preset (targets do not apply)."""
     results_dir: Path = Path("results")
     """Committed results go to <results-dir>/<sweep>/."""
+
+
+@dataclass
+class Tune(Sweep):
+    """A hyperparameter search over the selected presets' search spaces (zoo/README.md, "Tuning"):
+    each trial runs every preset on its trial seeds with the sampled flags, as a sweep runs it, and
+    scores the IQM of the final evaluations; weak trials are pruned on their evaluation curves. The
+    best trial (and the next --top-k - 1) is then re-run at the full budget on fresh seeds beside
+    the defaults and compared as `compare` does. Writes results/tune-<name>/ (trials.csv,
+    best.toml, report.md, plots); the same --name resumes the study."""
+
+    trials: int = 20
+    """Trials the study holds at the end (those of earlier invocations count; an interrupted one
+    does not)."""
+    processes: int = 1
+    """Worker processes running trials side by side on this machine, sharing the study's storage;
+    each one's trial runs its runs on --workers / --processes CPUs."""
+    study_storage: str | None = None
+    """Optuna storage: a journal file (default: <runs-dir>/tune-<name>/study.journal) or an RDB
+    URL (sqlite:///tune.db, postgresql://...) that processes on several machines share."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """TPE (multivariate, as RL Zoo) after --startup-trials random ones, or random search."""
+    pruner: Literal["median", "halving", "none"] = "median"
+    """Stop a trial whose intermediate IQM falls below the median of the earlier trials' at the
+    same step (after --startup-trials, not in the first third of the budget), or successive halving."""
+    startup_trials: int = 5
+    """Trials sampled at random before TPE models the others, and trials completed before the
+    median pruner prunes any."""
+    seed: int = 0
+    """The sampler's seed (each worker process adds its index and the trials before it)."""
+    top_k: int = 1
+    """Validate the best K trials against the defaults (0: no validation)."""
+    validation_seeds: int | None = None
+    """Validation seeds per set (default: each preset's full seeds), from 1001 on."""
+    level: float = 0.05
+    """Family-wise level of the validation's rank tests (divided by --top-k across the sets)."""
+    results_dir: Path = Path("results")
+    """The study's outputs go to <results-dir>/tune-<name>/."""
 
 
 @dataclass
@@ -521,6 +561,17 @@ def run_sweep(sweep: Sweep, mode: Mode, command: str) -> int:
     return 1 if failed or missed else 0
 
 
+def run_tune(args: Tune, command: str) -> int:
+    try:
+        from . import tune  # optuna only for this subcommand
+    except ModuleNotFoundError as e:
+        raise ZooError(f"tune needs {e.name}: pip install -e '.[tune]'") from None
+    presets = select(load_zoo(args.zoo, args.algos_dir), args)
+    gpus = local_gpus() if args.gpus is None else args.gpus
+    rates = _seconds_per_step(args.results_dir)
+    return tune.run_tune(args, presets, command, _requirements(args), rates, gpus)
+
+
 def run_datasets(args: Datasets) -> int:
     chosen = [p for p in select(load_zoo(args.zoo, args.algos_dir), args) if p.dataset is not None]
     if not chosen:
@@ -579,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
             "harness": Harness,
             "speed": Speed,
             "equivalence": Equivalence,
+            "tune": Tune,
         },
         prog="python -m benchmark",
         args=argv,
@@ -588,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if isinstance(command, Full):
             return run_sweep(command, "full", line)
+        if isinstance(command, Tune):
+            return run_tune(command, line)
         if isinstance(command, Smoke):
             return run_sweep(command, "smoke", line)
         if isinstance(command, Datasets):

@@ -28,7 +28,7 @@ TTY_REFRESH_S = 1.0
 RATE_WINDOW_S = 600.0  # a running run's speed: over its progress lines of the last ten minutes
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
@@ -139,7 +139,7 @@ class Progress:
         )
         return (
             f"{run.job.key} {done}"
-            + (f", {_duration(left)} left" if left is not None else "")
+            + (f", {duration(left)} left" if left is not None else "")
             + f" [{run.where}]"
         )
 
@@ -148,8 +148,8 @@ class Progress:
             elapsed, eta = self.clock() - self.start, self.eta()
             head = (
                 f"{self.skipped + self.done}/{self.total} done ({self.failed} failed, {self.skipped} from before)"
-                f" | {len(self.running)} running, {len(self.queued)} queued | elapsed {_duration(elapsed)}"
-                f" | eta {'?' if eta is None else _duration(eta)}"
+                f" | {len(self.running)} running, {len(self.queued)} queued | elapsed {duration(elapsed)}"
+                f" | eta {'?' if eta is None else duration(eta)}"
             )
             runs = "; ".join(self._run_text(r) for r in self.running.values())
         return head + (f"\n  running: {runs}" if runs else "")

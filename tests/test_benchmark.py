@@ -42,7 +42,8 @@ ALGOS = ("ppo_atari", "dqn_atari", "naf", "d4pg", "ppg")
 # half the curve and waits without any checkpoint, unless the file `--marker` exists (it creates it
 # first): a run whose first attempt is lost before its first save. `--device` and the
 # GPUs it was given (CUDA_VISIBLE_DEVICES) and OpenMP's wait policy go to config.json, its start and end times to summary.json,
-# and whether the Minari dataset of `--dataset-path` was there when it started.
+# and whether the Minari dataset of `--dataset-path` was there when it started. `--delay S` waits S
+# seconds after each point, its events written (a run whose curve can be watched while it runs).
 FAKE = textwrap.dedent("""
     import argparse, json, os, signal, sys, time
     from pathlib import Path
@@ -65,6 +66,7 @@ FAKE = textwrap.dedent("""
     p.add_argument("--device", default="auto")
     p.add_argument("--dataset-path", default=None)
     p.add_argument("--marker", default=None)
+    p.add_argument("--delay", type=float, default=0.0)
     args = p.parse_args()
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,9 @@ FAKE = textwrap.dedent("""
                 peak = args.behaviour == "peak" and i == 15  # a best at 4x the final score, then lost
                 log("eval/episodic_return", final if i == 20 else 4 * args.score if peak else args.score * i / 20 + args.seed, step)
             print(f"step {step:,}/{args.total_steps:,} | fake", flush=True)
+            if args.delay:
+                writer.flush()
+                time.sleep(args.delay)
     if unsaved:
         writer.flush()
         print("stalling unsaved", flush=True)
@@ -1447,6 +1452,7 @@ def test_help_names_every_subcommand_and_workers_counts_cpus(capsys):
         "harness",
         "speed",
         "equivalence",
+        "tune",
     ]
     for name in names:
         assert f"- {name}:" in text, name
