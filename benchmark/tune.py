@@ -117,7 +117,8 @@ def dry_run(study: StudyDef, args: Any, rates: dict[str, float]) -> int:
     measured = sum(p.name in rates for p in study.presets)
     print(
         f"estimated CPU time: {total / 3600:,.1f} CPU-hours: {args.trials} trials of "
-        f"{trial / 60:,.1f} CPU-min (none pruned: an upper bound) and a validation of "
+        f"{trial / 60:,.1f} CPU-min (none pruned, each at the defaults' speed, which sampled "
+        "flags can change) and a validation of "
         f"{validation / 60:,.1f} CPU-min; about {duration(total / args.workers)} on --workers "
         f"{args.workers} (per run: the median time per step of committed sweeps for {measured} of "
         f"the {len(names)} presets, the time limit for the others)"
