@@ -92,6 +92,8 @@ class FakeAtari:
     first frame); frames are random so any mixing of two games is visible. Terminations,
     truncations, life losses and bonus lives happen at random; `life_lost` is the truth."""
 
+    fire = None  # drive() presses its own actions
+
     def __init__(self, num_envs, rng, shape=(7, 7)):
         self.n, self.rng, self.shape = num_envs, rng, shape
         self.stacks = np.zeros((num_envs, 4, *shape), np.uint8)
@@ -103,7 +105,7 @@ class FakeAtari:
         self.stacks[e, -1] = self.rng.integers(1, 256, self.shape)
         self.lives[e] = 3
 
-    def reset(self):
+    def reset(self, seed=None):
         for e in range(self.n):
             self._reset(e)
         return self.stacks.copy(), {"lives": self.lives.copy()}
@@ -122,26 +124,36 @@ class FakeAtari:
         final = self.stacks.copy()
         for e in np.flatnonzero(terminated | truncated):
             self._reset(e)
-        return (
+        self.last = (
             self.stacks.copy(),
             reward,
             terminated,
             truncated,
             {"lives": self.lives.copy(), "final_obs": final},
         )
+        return self.last
+
+
+class IdBuffer(dqn.FrameReplayBuffer):
+    """FrameReplayBuffer that keeps the flat ids its last add() gave the new transitions."""
+
+    def add(self, *args):
+        self.added = super().add(*args)
+        return self.added
 
 
 def drive(env, buffer, naive, steps, rng):
-    """The training loop's own bookkeeping (store_step) feeds the buffer; the naive memory gets whole
-    stacks and d from the env's truth (`env.life_lost`). Returns {flat id: naive id}."""
-    obs, info = env.reset()
-    lives, mapping = info["lives"].copy(), {}
+    """The training loop's own bookkeeping (LifeProtocol under baselines, store_step) feeds the
+    buffer (an IdBuffer); the naive memory gets whole stacks and d from the env's truth (its raw step
+    `env.last`, `env.life_lost`). Returns {flat id: naive id}."""
+    envs = dqn.LifeProtocol(env, baselines=True)
+    obs, mapping = envs.reset(seed=3), {}
     for _ in range(steps):
         actions = rng.integers(0, 4, env.n)
-        next_obs, reward, terminated, truncated, info = env.step(actions)
-        _, lives, flat, _ = dqn.store_step(
-            buffer, obs, actions, reward, next_obs, terminated, truncated, info, lives, "baselines"
-        )
+        step = envs.step(actions)
+        dqn.store_step(buffer, obs, step)
+        next_obs, reward, terminated, truncated, info = env.last
+        flat = buffer.added
         real_next = np.stack(
             [
                 info["final_obs"][e] if terminated[e] or truncated[e] else next_obs[e]
@@ -160,9 +172,10 @@ def drive(env, buffer, naive, steps, rng):
 
 
 def test_store_step_marks_only_real_life_losses():
-    """One vector step, one case per env: a truncation ending a game that had a bonus life (the next
-    game starts with fewer lives: no life was lost), a life lost mid-game, a bonus life, a game over."""
-    rb = dqn.FrameReplayBuffer(64, 4, frame_shape=(7, 7))
+    """One vector step through LifeProtocol and store_step, one case per env: a truncation ending a
+    game that had a bonus life (the next game starts with fewer lives: no life was lost), a life lost
+    mid-game, a bonus life, a game over. FIRE is forced next where a life was lost, and only there."""
+    rb = IdBuffer(64, 4, frame_shape=(7, 7))
     rng = np.random.default_rng(0)
     obs, next_obs, final = (rng.integers(1, 256, (4, 4, 7, 7)).astype(np.uint8) for _ in range(3))
     lives = np.array([4, 3, 3, 1])
@@ -171,19 +184,23 @@ def test_store_step_marks_only_real_life_losses():
         np.array([False, False, False, True]),
         np.array([True, False, False, False]),
     )
-    ended, new_lives, ids, lost = dqn.store_step(
-        rb,
-        obs,
-        np.arange(4),
-        np.array([2.0, -3.0, 0.0, 1.0]),
-        next_obs,
-        terminated,
-        truncated,
-        info,
-        lives,
-        "baselines",
-    )
-    s, s_next, a, r, d = rb.get(ids)
+    reward = np.array([2.0, -3.0, 0.0, 1.0])
+
+    class OneStep:
+        fire = 9  # FIRE is forced exactly where a life was lost
+
+        def reset(self, seed=None):
+            return obs, {"lives": lives}
+
+        def step(self, actions):
+            return next_obs, reward, terminated, truncated, info
+
+    envs = dqn.LifeProtocol(OneStep(), baselines=True)
+    envs.reset(seed=0)
+    step = envs.step(np.arange(4))
+    dqn.store_step(rb, obs, step)
+    ended, new_lives, lost = step.ended, envs.lives, envs.forced
+    s, s_next, a, r, d = rb.get(rb.added)
     assert d.tolist() == [False, True, False, True] and lost.tolist() == [
         False,
         True,
@@ -210,14 +227,16 @@ def assert_same(buffer, naive, mapping, ids):
 @pytest.mark.parametrize("num_envs,capacity", [(1, 60), (3, 150), (4, 4000)])
 def test_buffer_matches_naive_on_synthetic_stream(num_envs, capacity):
     rng = np.random.default_rng(num_envs)
-    buffer = dqn.FrameReplayBuffer(capacity, num_envs, frame_shape=(7, 7))
+    buffer = IdBuffer(capacity, num_envs, frame_shape=(7, 7))
     naive = NaiveReplay()
     mapping = drive(FakeAtari(num_envs, rng), buffer, naive, 400, rng)
     ids = np.flatnonzero(buffer.valid.reshape(-1))
     assert len(ids) > 0.6 * min(capacity, 400 * num_envs)  # the ring is mostly usable
     assert_same(buffer, naive, mapping, ids.tolist())
     # every transition of the last third of each env's ring is still sampleable (nothing lost wrongly)
-    recent = [i for i, t in mapping.items() if t >= len(naive.items) - num_envs * (buffer.cap // 3)]
+    recent = [
+        i for i, t in mapping.items() if t >= len(naive.items) - num_envs * (buffer.slots // 3)
+    ]
     assert buffer.valid.reshape(-1)[recent].all()
     # stored boundaries really occurred: some zero-padded stacks, some d=1, some truncated s' kept
     s, s_next, _, _, d = buffer.get(ids)
@@ -242,12 +261,13 @@ def test_buffer_matches_naive_on_real_env_stream():
 
     class Real:
         n = 2
+        fire = None  # drive() presses its own actions
 
         def __init__(self):
             self.env = dqn.make_envs(dqn.Args(max_episode_frames=600), 2)
 
-        def reset(self):
-            obs, info = self.env.reset(seed=3)
+        def reset(self, seed):
+            obs, info = self.env.reset(seed=seed)
             assert (obs[:, :3] == 0).all() and (
                 obs[:, 3] > 0
             ).any()  # the padding the buffer reproduces
@@ -255,14 +275,14 @@ def test_buffer_matches_naive_on_real_env_stream():
             return obs, info
 
         def step(self, actions):
-            out = self.env.step(actions)
+            out = self.last = self.env.step(actions)
             # Breakout has no bonus lives and a new game starts with the most, so a drop is exact here
             self.life_lost, self.lives = out[4]["lives"] < self.lives, out[4]["lives"].copy()
             return out
 
     rng = np.random.default_rng(0)
     env = Real()
-    buffer, naive = dqn.FrameReplayBuffer(2 * 200, 2), NaiveReplay()
+    buffer, naive = IdBuffer(2 * 200, 2), NaiveReplay()
     mapping = drive(env, buffer, naive, 700, rng)
     ends = sum(1 for item in naive.items if (item[0][:3] == 0).all())
     assert ends >= 4  # several games started inside the stream
@@ -303,9 +323,9 @@ def test_td_target_and_schedule_by_hand():
     assert dqn.linear_schedule(1.0, 0.01, 100, 1000) == 0.01
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     expected = 0.25 * a.weight.data + 0.75 * b.weight.data
-    dqn.update_target(b, a, 0.25)
+    dqn.Run.polyak(b, a, 0.25)
     torch.testing.assert_close(b.weight.data, expected)
-    dqn.update_target(b, a, 1.0)  # the paper's hard copy, exact in every bit
+    dqn.Run.polyak(b, a, 1.0)  # the paper's hard copy, exact in every bit
     assert all(torch.equal(p_t, p) for p_t, p in zip(b.parameters(), a.parameters()))
 
 
@@ -553,7 +573,11 @@ def test_nonfinite_loss_stops_in_one_line_and_keeps_the_last_checkpoint(
     1); the checkpoint of step 40 stays as it was and no summary.json is written."""
     real_update = dqn.update
     monkeypatch.setattr(
-        dqn, "update", lambda *a: (lambda loss, q: (loss * float("nan"), q))(*real_update(*a))
+        dqn,
+        "update",
+        lambda *a, **k: (lambda losses: {**losses, "td_loss": losses["td_loss"] * float("nan")})(
+            real_update(*a, **k)
+        ),
     )
     run = tmp_path / "nan"
     with pytest.raises(SystemExit, match="non-finite loss at step 41;") as e:
