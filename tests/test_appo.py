@@ -132,11 +132,11 @@ def test_vtrace_matches_the_papers_sum(gamma, lam, rho_bar, c_bar, pg_rho_bar):
             d["next_values"],
             d["terminated"],
             d["dones"],
-            gamma,
-            lam,
-            rho_bar,
-            c_bar,
-            pg_rho_bar,
+            gamma=gamma,
+            lam=lam,
+            rho_bar=rho_bar,
+            c_bar=c_bar,
+            pg_rho_bar=pg_rho_bar,
         )
         ref_v, ref_adv = vtrace_by_definition(d, gamma, lam, rho_bar, c_bar, pg_rho_bar)
         np.testing.assert_allclose(v_s.numpy(), ref_v, rtol=1e-10, atol=1e-10)
@@ -156,7 +156,7 @@ def test_vtrace_on_policy_gives_bootstrapped_returns():
         d["next_values"],
         d["terminated"],
         d["dones"],
-        gamma,
+        gamma=gamma,
     )
     for i in range(N):
         for s in range(T):
@@ -172,7 +172,13 @@ def test_vtrace_on_policy_gives_bootstrapped_returns():
             assert v_s[s, i].item() == pytest.approx(ret, abs=1e-10)
     torch.testing.assert_close(adv, v_s - d["values"])
     gae = appo.gae(
-        d["rewards"], d["values"], d["next_values"], d["terminated"], d["dones"], gamma, 1.0
+        d["rewards"],
+        d["values"],
+        d["next_values"],
+        d["terminated"],
+        d["dones"],
+        gamma=gamma,
+        lam=1.0,
     )
     torch.testing.assert_close(v_s, gae + d["values"])
 
@@ -185,14 +191,14 @@ def test_gae_hand_computed():
         [[0.7], [0.9], [1.1], [5.0]]
     )  # next_v[1] = V(real final obs), next_v[3] = V(x_T)
     term, done = torch.zeros(4, 1), torch.tensor([[0.0], [1.0], [0.0], [0.0]])
-    A = appo.gae(r, v, next_v, term, done, g, lam)[:, 0]
+    A = appo.gae(r, v, next_v, term, done, gamma=g, lam=lam)[:, 0]
     a3 = 3.0 + g * 5.0 - 1.1
     a1 = 2.0 + g * 0.9 - 0.7  # the trace stops at the truncation, the bootstrap stays
     a0 = 1.0 + g * 0.7 - 0.5 + g * lam * a1
     for t, expected in [(0, a0), (1, a1), (3, a3)]:
         assert A[t].item() == pytest.approx(expected, abs=1e-6)
     term[1] = 1.0  # the same end as a termination: no bootstrap
-    assert appo.gae(r, v, next_v, term, done, g, lam)[1, 0].item() == pytest.approx(
+    assert appo.gae(r, v, next_v, term, done, gamma=g, lam=lam)[1, 0].item() == pytest.approx(
         2.0 - 0.7, abs=1e-6
     )
 
@@ -220,14 +226,38 @@ def test_clipped_loss_hand_computed():
     entropy = math.log(2)
     kl = ((2 - 1 - math.log(2)) * 2 + (0.5 - 1 - math.log(0.5)) * 2) / 4
     assert loss.item() == pytest.approx(policy_loss + 0.5 * value_loss - 0.1 * entropy, abs=1e-6)
-    np.testing.assert_allclose(
-        stats.numpy(), [policy_loss, value_loss, entropy, kl, 1.0], atol=1e-6
-    )
+    expected = {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": kl,
+        "clipfrac": 1.0,
+    }
+    assert list(stats) == list(expected)  # the order of the logged losses/* tags
+    for name, value in expected.items():
+        assert stats[name].item() == pytest.approx(value, abs=1e-6), name
+        assert stats[name].dim() == 0 and not stats[name].requires_grad, name
     loss.backward()
     # Clipped terms pass no gradient (and the entropy's is 0 at the uniform policy): only samples 1 and 2 move pi.
     assert logits.grad[0].abs().max() < 1e-8 and logits.grad[3].abs().max() < 1e-8
     assert logits.grad[1].abs().min() > 1e-3 and logits.grad[2].abs().min() > 1e-3
     assert logits.grad[4].abs().max() == 0
+
+
+def test_valid_rows_first_orders_each_epoch_with_the_valid_rows_first():
+    """Each epoch's order is a permutation of all rows, the valid ones first; the orders differ
+    between epochs and follow torch's generator."""
+    valid = (torch.arange(40) % 3 != 0).float()
+    n = int(valid.sum())
+    torch.manual_seed(0)
+    orders = appo.valid_rows_first(valid, 5)
+    assert orders.shape == (5, 40)
+    for order in orders:
+        assert sorted(order.tolist()) == list(range(40))
+        assert valid[order[:n]].all() and not valid[order[n:]].any()
+    assert len({tuple(order.tolist()) for order in orders}) == 5
+    torch.manual_seed(0)
+    assert torch.equal(appo.valid_rows_first(valid, 5), orders)
 
 
 @pytest.mark.parametrize("ent_coef", [0.0, 0.05])
@@ -278,10 +308,10 @@ def test_update_equals_the_plain_minibatch_loop(ent_coef):
             ref_opt.zero_grad()
             loss.backward()
             assert (
-                torch.nn.utils.clip_grad_norm_(ref.actor.parameters(), appo.MAX_GRAD_NORM)
-                > appo.MAX_GRAD_NORM
+                torch.nn.utils.clip_grad_norm_(ref.actor.parameters(), args.max_grad_norm)
+                > args.max_grad_norm
             )
-            torch.nn.utils.clip_grad_norm_(ref.critic.parameters(), appo.MAX_GRAD_NORM)
+            torch.nn.utils.clip_grad_norm_(ref.critic.parameters(), args.max_grad_norm)
             ref_opt.step()
     torch.manual_seed(1)
     lr = torch.tensor(1e-2)
@@ -370,8 +400,8 @@ def test_norm_values_trains_the_critic_on_standardised_targets():
     V = 20.0 + 3.0 * out
     log_pi = logits[:-1].log_softmax(-1).gather(-1, rollout["actions"].unsqueeze(-1)).squeeze(-1)
     steps = [rollout[k] for k in ("rewards",)] + [V[:-1], V[1:]]
-    steps += [rollout["terminated"], rollout["dones"], 0.9]
-    v_s, _ = appo.vtrace(log_pi - rollout["logprobs"], *steps, lam=0.95)
+    steps += [rollout["terminated"], rollout["dones"]]
+    v_s, _ = appo.vtrace(log_pi - rollout["logprobs"], *steps, gamma=0.9, lam=0.95)
     batch, _ = appo.prepare_batch(agent, rollout, appo.Args(gamma=0.9, lam=0.95))
     valid = rollout["valid"]
     new = v_s[valid].double()
@@ -385,7 +415,7 @@ def test_norm_values_trains_the_critic_on_standardised_targets():
 def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     collector, T, N, gamma = appo.Collector("AppoCounter-v0", 3, seed=0), 30, 3, 0.5
     agent, rollout = CountingAgent(), appo.new_rollout(T, N, 2)
-    collector.collect(agent.actor, rollout, torch.device("cpu"))
+    collector.collect(agent.actor, rollout)
     obs, valid, dones, term = (
         rollout["obs"],
         rollout["valid"],
@@ -418,7 +448,7 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
         V[1:],
         rollout["terminated"],
         rollout["dones"],
-        gamma,
+        gamma=gamma,
     )
     torch.testing.assert_close(batch["v_s"][flat], v_s[valid])
     torch.testing.assert_close(
@@ -435,7 +465,13 @@ def test_rollout_masks_autoreset_rows_and_bootstraps_truncation():
     args = appo.Args(gamma=gamma, lam=0.7, vtrace=False, norm_values=False)
     batch, _ = appo.prepare_batch(agent, rollout, args)
     gae = appo.gae(
-        rollout["rewards"], V[:-1], V[1:], rollout["terminated"], rollout["dones"], gamma, 0.7
+        rollout["rewards"],
+        V[:-1],
+        V[1:],
+        rollout["terminated"],
+        rollout["dones"],
+        gamma=gamma,
+        lam=0.7,
     )
     torch.testing.assert_close(batch["v_s"][flat], (gae + V[:-1])[valid])
     # the advantages normalised over the valid rows alone, as the valid rows picked out first
@@ -536,7 +572,7 @@ def test_nonfinite_loss_stops_in_one_line(tmp_path, restore_signals, monkeypatch
 
     def nan_loss(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
-        return loss * float("nan"), stats * float("nan")
+        return loss * float("nan"), {name: value * float("nan") for name, value in stats.items()}
 
     monkeypatch.setattr(appo, "appo_loss", nan_loss)
     with pytest.raises(SystemExit, match="non-finite loss at step 128") as e:
@@ -549,8 +585,12 @@ def test_pg_rho_bar_truncates_only_the_policy_advantage():
     alone: the value targets keep rho_bar, and prepare_batch passes the flag through."""
     d = random_rollout(seed=5)
     steps = [d[k] for k in ("rewards", "values", "next_values", "terminated", "dones")]
-    v_1, adv_1 = appo.vtrace(d["log_rho"], *steps, 0.9, 0.8, rho_bar=2.0, c_bar=1.0, pg_rho_bar=1.0)
-    v_2, adv_2 = appo.vtrace(d["log_rho"], *steps, 0.9, 0.8, rho_bar=2.0, c_bar=1.0, pg_rho_bar=2.0)
+    v_1, adv_1 = appo.vtrace(
+        d["log_rho"], *steps, gamma=0.9, lam=0.8, rho_bar=2.0, c_bar=1.0, pg_rho_bar=1.0
+    )
+    v_2, adv_2 = appo.vtrace(
+        d["log_rho"], *steps, gamma=0.9, lam=0.8, rho_bar=2.0, c_bar=1.0, pg_rho_bar=2.0
+    )
     ratio = d["log_rho"].exp()
     torch.testing.assert_close(v_1, v_2)
     torch.testing.assert_close(adv_1 * ratio.clamp(max=2.0), adv_2 * ratio.clamp(max=1.0))
@@ -904,6 +944,8 @@ def test_unsupported_env_refused(env_id, fragment):
         ({"clip_coef": -0.2}, "--clip-coef"),
         ({"ent_coef": -0.01}, "--ent-coef"),
         ({"target_kl": 0.0}, "--target-kl"),
+        ({"max_grad_norm": 0.0}, "--max-grad-norm must be positive"),
+        ({"max_grad_norm": -0.5}, "--max-grad-norm must be positive"),
         ({"pg_rho_bar": 0.0}, "--pg-rho-bar"),
         ({"schedule_steps": 0}, "--schedule-steps"),
         (
