@@ -121,9 +121,17 @@ from ale_py.vector_env import AtariVectorEnv
 from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
+# The run harness at the bottom of the file is reached through one name, `run` (class Run). Used
+# above it: Run(args, checks), Run.fail, run.device, run.stop, run.compile, run.graph_step,
+# run.to_device, run.host_buffer, run.upload, run.start, run.log, run.episode, run.check_finite,
+# run.end_iteration, run.finish; in the plumbing after train(): run.resume_checkpoint,
+# Run.rng_state, Run.set_rng_state, Run.load_checkpoint, run.video_dir, run.write_eval_only.
+
 
 @dataclass
 class Args:
+    """The command line (tyro): `python recurrent_ppo_atari.py --help` lists these fields."""
+
     env_id: str = "BreakoutNoFrameskip-v4"
     """`<Game>NoFrameskip-v4` or `ALE/<Game>-v5` (sticky actions)"""
     protocol: Literal["auto", "baselines", "machado"] = "auto"
@@ -216,7 +224,7 @@ def atari_protocol(env_id: str) -> tuple[str, float]:
         match = re.fullmatch(pattern, env_id)
         if match and match[1] in games:
             return games[match[1]], sticky
-    raise fail(not_atari(env_id, games))
+    raise Run.fail(not_atari(env_id, games))
 
 
 def resolve_protocol(protocol: str, env_id: str) -> str:
@@ -226,15 +234,21 @@ def resolve_protocol(protocol: str, env_id: str) -> str:
     return "baselines" if env_id.endswith("NoFrameskip-v4") else "machado"
 
 
-def atari_settings(run: dict) -> dict:
-    """make_envs' keywords for a run's flags (details 1 and 3)."""
-    game, sticky = atari_protocol(run["env_id"])
-    baselines = resolve_protocol(run["protocol"], run["env_id"]) == "baselines"
-    frames, stack = run["max_episode_frames"], run["frame_stack"]
-    return dict(game=game, sticky=sticky, max_frames=frames, frame_stack=stack, baselines=baselines)
+def atari_settings(flags: dict) -> dict:
+    """make_envs' keywords for a run's flags (details 1 and 3): Args, or a checkpoint's args."""
+    game, sticky = atari_protocol(flags["env_id"])
+    baselines = resolve_protocol(flags["protocol"], flags["env_id"]) == "baselines"
+    return dict(
+        game=game,
+        sticky=sticky,
+        max_frames=flags["max_episode_frames"],
+        frame_stack=flags["frame_stack"],
+        baselines=baselines,
+    )
 
 
 def make_envs(num_envs, game, sticky, max_frames, frame_stack, baselines) -> AtariVectorEnv:
+    """ale_py's C++ vector env with detail 1's preprocessing; `.fire`: FIRE's index, or None."""
     # Raw rewards (clipped in collect, to keep the score) and no life-loss episodes (read from
     # info["lives"]), so a game over can be told apart from a lost life.
     envs = AtariVectorEnv(
@@ -256,45 +270,58 @@ def make_envs(num_envs, game, sticky, max_frames, frame_stack, baselines) -> Ata
 
 
 def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
-    """(terminal, truncation, life lost) of one vector step, numpy bool arrays (detail 3)."""
-    # After a game ends `lives` is the new game's; a game over at the time limit is terminal.
+    """(terminal, time-limit cut, life lost) of one vector step, numpy bool arrays (detail 3)."""
+    # After a game ends `lives` is the new game's: only a drop within a game is a lost life.
     life_lost = (lives < prev_lives) & ~(terminated | truncated)
-    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
-
-
-def clear_stale(obs: np.ndarray, stale: np.ndarray) -> np.ndarray:
-    """Zero each env's `stale` oldest stacked frames: those from before a lost life (detail 6)."""
-    return obs * (np.arange(obs.shape[1]) >= stale[:, None])[:, :, None, None]
+    # baselines: a lost life ends the return too
+    terminal = terminated | (life_lost & baselines)
+    # a game over at the time limit is terminal, not a cut
+    cut = truncated & ~terminated
+    return terminal, cut, life_lost
 
 
 class LifeProtocol:
-    """The vector env under detail 3's protocol, with detail 6's episode starts and frame stack."""
+    """The vector env under detail 3's life and FIRE protocol (the wrapper the Atari files share).
 
-    def __init__(self, envs, baselines: bool):
-        self.vec, self.baselines = envs, baselines
+    reset(seed) -> obs. step(actions) -> obs, reward, game ended, terminal, time-limit cut, and
+    the cut games' real final observations (None when no game was cut). Between steps, per env:
+    `forced`: the next step must be FIRE (baselines, after a lost life, in games with FIRE);
+    step() presses it whatever action it is given. `start` (1.0 or 0.0): the next observation
+    opens a learning episode, where the memory starts from zero (detail 6). `lives`: the count.
+    """
+
+    def __init__(self, envs: AtariVectorEnv, baselines: bool):
+        self.vec = envs
+        self.baselines = baselines
 
     def reset(self, seed: int) -> np.ndarray:
+        """New games (env i seeded seed + i); each opens an episode, none is forced."""
         obs, info = self.vec.reset(seed=seed)
-        self.lives, self.stale = info["lives"], np.zeros(len(obs), np.int64)
-        self.start, self.forced = np.ones(len(obs), np.float32), np.zeros(len(obs), bool)
+        self.lives = info["lives"]
+        self.stale = np.zeros(len(obs), np.int64)  # --frame-stack > 1 only: clear_stale_frames
+        self.start = np.ones(len(obs), np.float32)
+        self.forced = np.zeros(len(obs), bool)
         return obs
 
     def step(self, actions: np.ndarray):
-        """-> obs, reward, game ended, terminal, time-limit cut, final obs."""
+        """One agent step of every env -> obs, reward, ended, terminal, cut, final obs."""
         if self.forced.any():
             actions = np.where(self.forced, self.vec.fire, actions)
         obs, reward, term, trunc, info = self.vec.step(actions)
         terminal, cut, lost = learning_flags(term, trunc, info["lives"], self.lives, self.baselines)
-        stale = np.maximum(self.stale - 1, 0)
-        final = clear_stale(info["final_obs"], stale) if cut.any() else None
-        self.stale = np.where(lost & self.baselines, obs.shape[1] - 1, stale * ~(term | trunc))
-        self.lives, self.forced = info["lives"], lost & (self.vec.fire is not None)
+        final = info["final_obs"] if cut.any() else None
+        obs, final, self.stale = clear_stale_frames(
+            obs, final, self.stale, life_lost=lost & self.baselines, game_ended=term | trunc
+        )
+        self.lives = info["lives"]
+        self.forced = lost & (self.vec.fire is not None)
         self.start = (terminal | cut).astype(np.float32)
-        return clear_stale(obs, self.stale), reward, term | trunc, terminal, cut, final
+        return obs, reward, term | trunc, terminal, cut, final
 
 
 # ---------------------------------------------------------------- network
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases, as CleanRL initialises layers."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -318,30 +345,39 @@ class Agent(nn.Module):
         )
         self.lstm = nn.LSTM(512, hidden_dim)
         for name, param in self.lstm.named_parameters():
-            nn.init.orthogonal_(param, 1.0) if "weight" in name else nn.init.zeros_(param)
+            if "weight" in name:
+                nn.init.orthogonal_(param, 1.0)
+            else:
+                nn.init.zeros_(param)
         self.actor = layer_init(nn.Linear(hidden_dim, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(hidden_dim, 1), std=1.0)
 
     def initial_state(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, c) of fresh games: zeros, (1, batch, H) each."""
         return torch.zeros(2, 1, batch, self.lstm.hidden_size, device=device).unbind()
 
-    def forward(self, obs: torch.Tensor, state: tuple, starts: torch.Tensor, spans=None):
-        """Frames (L, B, C, 84, 84), (h, c) entering step 0, starts (L, B) -> logits, V, (h, c)."""
+    def forward(self, obs: torch.Tensor, state: tuple, starts: torch.Tensor, any_start=None):
+        """Frames (L, B, C, 84, 84), (h, c) entering step 0, starts (L, B) -> logits (L, B, A),
+        V (L, B), (h, c) after step L - 1. any_start (L,): see memory()."""
         x = obs.flatten(0, 1).to(torch.float32, memory_format=torch.channels_last) / 255.0
-        out, state = self.memory(self.network(x).view(*starts.shape, -1), state, starts, spans)
+        features = self.network(x).view(*starts.shape, -1)  # (L B, 512) -> (L, B, 512)
+        out, state = self.memory(features, state, starts, any_start)  # out: (L, B, H)
         return self.actor(out), self.critic(out).squeeze(-1), state
 
     @torch.compiler.disable  # Dynamo does not trace nn.LSTM: eager (cuDNN on a GPU) when compiled
-    def memory(self, x, state, starts, spans):
-        """Features x (L, B, D) -> LSTM outputs, (h, c): one call per span (detail 8)."""
-        # spans (L,), needed when L > 1: whether some sequence starts an episode at t, from the
-        # host (a search on the device would make the host wait for a GPU)
-        cuts = (spans[1:].nonzero()[:, 0] + 1).tolist() if len(x) > 1 else []
-        bounds, (h, c), outputs = [0, *cuts, len(x)], state, []
+    def memory(self, x, state, starts, any_start):
+        """h_t = LSTM(x_t, (1 - start_t) h_{t-1}) over features x (L, B, D) -> outputs (L, B, H),
+        final (h, c). One nn.LSTM call per span of steps (detail 8)."""
+        # any_start (L,), from the host (a search on the device would make the host wait for a
+        # GPU), needed when L > 1: whether some sequence starts an episode at t. A span ends
+        # before each such t: starts at t = 3 and 6 of L = 10 give [0, 3), [3, 6), [6, 10).
+        cuts = (any_start[1:].nonzero()[:, 0] + 1).tolist() if len(x) > 1 else []
+        bounds = [0, *cuts, len(x)]
+        (h, c), outputs = state, []
         for t0, t1 in zip(bounds[:-1], bounds[1:]):
-            # the steps [t0, t1) hold no episode start but at t0: zero those sequences' memory there
-            keep = (1.0 - starts[t0])[None, :, None]
-            out, (h, c) = self.lstm(x[t0:t1], (h * keep, c * keep))
+            # no episode starts in (t0, t1): zero the memory of the sequences starting at t0 only
+            keep = (1.0 - starts[t0])[None, :, None]  # (1, B, 1)
+            out, (h, c) = self.lstm(x[t0:t1], (h * keep, c * keep))  # out: (t1 - t0, B, H)
             outputs.append(out)
         return torch.cat(outputs), (h, c)
 
@@ -352,20 +388,26 @@ def bootstrap_values(agent: Agent, final_obs, cut, state, device) -> torch.Tenso
     # one more LSTM step from the episode's own state, before the reset zeroes it
     values = torch.zeros(len(cut), device=device)
     if cut.any():
-        idx = torch.from_numpy(np.flatnonzero(cut)).to(device)
-        final = torch.from_numpy(final_obs[cut]).to(device)[None]
+        idx = torch.from_numpy(np.flatnonzero(cut)).to(device)  # the cut envs
+        final = torch.from_numpy(final_obs[cut]).to(device)[None]  # (1, cut envs, C, 84, 84)
         no_start = torch.zeros(1, len(idx), device=device)
-        values[idx] = agent(final, (state[0][:, idx], state[1][:, idx]), no_start)[1][0]
+        state_of_cut = (state[0][:, idx], state[1][:, idx])  # (1, cut envs, H) each
+        _, value, _ = agent(final, state_of_cut, no_start)
+        values[idx] = value[0]
     return values
 
 
 def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma, gae_lambda):
-    """GAE advantages and returns R_t = A_t + V(s_t), (T, N) tensors; next_value: V after T."""
-    # terminals: V(s_{t+1}) = 0 (game over or life loss); truncations: V(s_{t+1}) = V(real final
-    # observation), truncation_values, not values[t + 1] (a reset game). Either ends the chain.
-    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    """GAE (Schulman et al. 2016, eq. 11-12) over (T, N) tensors; next_value (N,): V after step
+    T - 1. Returns the advantages A_t and the returns R_t = A_t + V(h_t)."""
+    # V(h_{t+1}): the next step's value, and after the rollout's last step next_value
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, N)
+    # detail 3: a time-limit cut bootstraps from V(real final observation), not the reset game's
     next_values = torch.where(truncations.bool(), truncation_values, next_values)
+    # delta_t = r_t + gamma (1 - term_t) V(h_{t+1}) - V(h_t): a terminal (a game over, or a lost
+    # life under baselines) has no future
     deltas = rewards + gamma * (1.0 - terminals) * next_values - values
+    # A_t = delta_t + gamma lambda (1 - end_t) A_{t+1}: a terminal or a cut ends the chain
     carry = 1.0 - torch.maximum(terminals, truncations)
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(next_value)
@@ -376,223 +418,322 @@ def gae(rewards, values, next_value, terminals, truncations, truncation_values, 
     return advantages, advantages + values
 
 
+# The forced-FIRE rule (detail 4), here only: acted_t = 0 where step t was a forced FIRE, 1 where
+# the policy chose. Every policy term (clipped surrogate, entropy bonus, advantage normalisation,
+# approx KL, clip fraction) is a masked_mean over the acted steps; the value loss takes all steps.
 def masked_mean(x: torch.Tensor, acted: torch.Tensor) -> torch.Tensor:
-    """Mean over the steps the policy chose (acted 1.0; forced FIRE 0.0, detail 4)."""
+    """Mean of x over the steps the policy chose (acted 1.0), the forced-FIRE rule above."""
     return (x * acted).sum() / acted.sum().clamp(min=1)
 
 
 def normalise(A: torch.Tensor, acted: torch.Tensor) -> torch.Tensor:
     """(A - mean) / std over the steps the policy chose (detail 4); as they are below two."""
-    n, mean = acted.sum(), masked_mean(A, acted)
+    n = acted.sum()
+    mean = masked_mean(A, acted)
     # n - 1: as Tensor.std
     std = (((A - mean) ** 2 * acted).sum() / (n - 1)).sqrt()
     return torch.where(n > 1, (A - mean) / (std + 1e-8), A)
 
 
 def ppo_losses(
-    logprob, old_logprob, advantages, value, old_value, returns, clip_coef, clip_vloss, acted
-):
-    """-L_clip, L_V, approx KL and clip fraction; all but L_V over the policy's steps (detail 4)."""
+    logprob, old_logprob, advantages, value, old_value, returns, acted, *, clip_coef, clip_vloss
+) -> dict:
+    """PPO's -L_clip (eq. 7) and L_V (eq. 9), with approx KL and clip fraction for the logs;
+    all but L_V over the policy's own steps (the forced-FIRE rule, detail 4)."""
     log_ratio = logprob - old_logprob
-    ratio = log_ratio.exp()
+    ratio = log_ratio.exp()  # rho_t
     clipped = ratio.clamp(1 - clip_coef, 1 + clip_coef)
-    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped), acted)
+    # -L_clip = -E[min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t)]
+    policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped), acted)
+    # L_V = (V(h_t) - R_t)^2
     v_loss = (value - returns) ** 2
-    if clip_vloss:
+    if clip_vloss:  # deviation (detail 9, baselines and CleanRL): V kept within eps of the old V
         v_clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = torch.max(v_loss, (v_clipped - returns) ** 2)
     with torch.no_grad():
         # k3 estimator (Schulman's blog "Approximating KL")
         approx_kl = masked_mean((ratio - 1) - log_ratio, acted)
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), acted)
-    return pg_loss, 0.5 * v_loss.mean(), approx_kl, clipfrac
+    return {
+        "policy_loss": policy_loss,
+        "value_loss": 0.5 * v_loss.mean(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
+# ---------------------------------------------------------------- rollouts
 class Rollout:
     """Storage of one rollout (T steps of N envs) and the acting memory carried to the next."""
 
-    def __init__(self, T: int, N: int, seq_len: int, frame_stack: int, hidden_dim: int, device):
+    def __init__(self, T: int, N: int, seq_len: int, frame_stack: int, hidden_dim: int, run):
+        device = run.device
         self.seq_len = seq_len
+        # on the device, (T, N, ...): what the actor saw and did
         self.obs = torch.zeros((T, N, frame_stack, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
-        self.logprobs, self.values, self.trunc_values = torch.zeros((3, T, N), device=device)
-        # Host memory, pinned on a GPU so that copies from it need not wait; each is done before its
-        # buffer is written again (the next action copy, or the read of the losses, waits for it).
-        # Rewards and flags are born in numpy: kept on the host, moved once per rollout.
-        cuda = self.obs.is_cuda
-        self.host = torch.zeros((5, T, N), pin_memory=cuda)
-        self.rewards, self.terminals, self.truncations, self.starts, self.acted = self.host.numpy()
-        self.pinned_obs = torch.empty(self.obs.shape[1:], dtype=torch.uint8, pin_memory=cuda)
-        # (h, c) entering the first step of each chunk of seq_len steps (detail 7)
-        self.h0, self.c0 = torch.zeros((2, T // seq_len, N, hidden_dim), device=device)
+        self.logprobs = torch.zeros((T, N), device=device)  # log pi_old(a_t | h_t)
+        self.values = torch.zeros((T, N), device=device)  # V_old(h_t)
+        self.trunc_values = torch.zeros((T, N), device=device)  # V(final obs) where cut, else 0
+        # on the host, (T, N) float each: rewards and flags are born in numpy, and move to the
+        # device once per rollout (pinned on a GPU run, so the copies need not wait; each copy is
+        # done before the next rollout writes its buffer again, after the losses were read)
+        self.rewards = run.host_buffer((T, N))  # sign(r_t) (detail 2)
+        self.terminals = run.host_buffer((T, N))  # 1: no V(h_{t+1}) (game over, lost life)
+        self.truncations = run.host_buffer((T, N))  # 1: the time limit cut the game after t
+        self.starts = run.host_buffer((T, N))  # 1: o_t opens an episode (detail 6)
+        self.acted = run.host_buffer((T, N))  # 1: the policy chose a_t; 0: forced FIRE
+        # (h, c) entering the first step of each chunk of seq_len steps (detail 7): (T / L, N, H)
+        self.h0 = torch.zeros((T // seq_len, N, hidden_dim), device=device)
+        self.c0 = torch.zeros((T // seq_len, N, hidden_dim), device=device)
 
-    def restart(self, obs: np.ndarray, agent: Agent) -> None:
-        """Fresh games (a new or resumed run): the acting memory starts at zero."""
-        self.next_obs = to_device(self.pinned_obs, obs, self.obs.device)
+    def restart(self, obs: torch.Tensor, agent: Agent) -> None:
+        """Fresh games (a new or resumed run), their first frames on the device: the acting
+        memory starts at zero."""
+        self.next_obs = obs
         self.state = agent.initial_state(len(obs), self.obs.device)
-        self.ep_return, self.ep_length = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
+        self.ep_return = np.zeros(len(obs))
+        self.ep_length = np.zeros(len(obs), np.int64)
 
     def sequences(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, N, ...) -> (L, K, ...), K = N T / L: sequence j N + n is env n's chunk j."""
+        """(T, N, ...) -> (L, K, ...), K = N T / L: sequence k = j N + n is env n's chunk j,
+        steps j L .. j L + L - 1. E.g. T = 6, N = 2, L = 3: sequence 3 (j = 1, n = 1) holds env
+        1's steps 3, 4, 5, and x[4, 1] is its [1, 3]."""
         (T, N), L = x.shape[:2], self.seq_len
-        return x.reshape(T // L, L, N, *x.shape[2:]).transpose(0, 1).reshape(L, -1, *x.shape[2:])
-
-
-def to_device(pinned: torch.Tensor, array: np.ndarray, device) -> torch.Tensor:
-    # through the host buffer `pinned`: the copy need not wait for a GPU
-    return pinned.copy_(torch.from_numpy(array)).to(device, non_blocking=True)
+        chunks = x.reshape(T // L, L, N, *x.shape[2:])  # [j, l, n] = x[j L + l, n]
+        steps_first = chunks.transpose(0, 1)  # (L, T / L, N, ...): [l, j, n]
+        return steps_first.reshape(L, -1, *x.shape[2:])  # [l, j N + n] = x[j L + l, n]
 
 
 @torch.inference_mode()
-def collect(agent: Agent, envs: LifeProtocol, ro: Rollout, global_step: int, log) -> int:
+def collect(agent: Agent, envs: LifeProtocol, ro: Rollout, global_step: int, run) -> int:
     """Fill `ro` with one rollout of every env, one step at a time; returns the new step count."""
-    (T, N), device = ro.rewards.shape, ro.obs.device
+    T, N = ro.rewards.shape
     for t in range(T):
         # where the replay of a chunk starts (detail 7)
         if t % ro.seq_len == 0:
-            ro.h0[t // ro.seq_len], ro.c0[t // ro.seq_len] = ro.state[0][0], ro.state[1][0]
-        ro.obs[t], ro.starts[t], ro.acted[t] = ro.next_obs, envs.start, ~envs.forced
-        # from the pinned rows just written, as each copy below: the host need not wait for a GPU
-        starts, acted = (ro.host[k, t].to(device, non_blocking=True) for k in (3, 4))
+            ro.h0[t // ro.seq_len] = ro.state[0][0]
+            ro.c0[t // ro.seq_len] = ro.state[1][0]
+        ro.obs[t] = ro.next_obs
+        ro.starts[t] = torch.from_numpy(envs.start)
+        ro.acted[t] = torch.from_numpy(~envs.forced)  # the forced-FIRE rule's mask
+        starts = run.upload(ro.starts[t])  # (N,)
+        acted = run.upload(ro.acted[t])
+        # acting is the training forward with L = 1: (1, N, A) logits, (1, N) values
         logits, value, ro.state = agent(ro.next_obs[None], ro.state, starts[None])
         # NaN weights are caught after the update
         dist = Categorical(logits=logits[0], validate_args=False)
         # the actions taken, forced FIRE included (detail 3)
         action = torch.where(acted.bool(), dist.sample(), envs.vec.fire or 0)
         obs, reward, ended, terminal, cut, final = envs.step(action.cpu().numpy())
-        ro.actions[t], ro.logprobs[t], ro.values[t] = action, dist.log_prob(action), value[0]
-        ro.trunc_values[t] = bootstrap_values(agent, final, cut, ro.state, device)
+        ro.actions[t] = action
+        ro.logprobs[t] = dist.log_prob(action)
+        ro.values[t] = value[0]
+        ro.trunc_values[t] = bootstrap_values(agent, final, cut, ro.state, run.device)
         # rewards clipped for learning (Mnih et al. 2015)
-        ro.rewards[t], ro.terminals[t], ro.truncations[t] = np.sign(reward), terminal, cut
-        ro.next_obs, global_step = to_device(ro.pinned_obs, obs, device), global_step + N
-        ro.ep_return, ro.ep_length = ro.ep_return + reward, ro.ep_length + 1
+        ro.rewards[t] = torch.from_numpy(np.sign(reward))
+        ro.terminals[t] = torch.from_numpy(terminal)
+        ro.truncations[t] = torch.from_numpy(cut)
+        ro.next_obs = run.to_device(obs)
+        global_step += N
+        ro.ep_return = ro.ep_return + reward
+        ro.ep_length = ro.ep_length + 1
         for i in np.flatnonzero(ended):
-            log.episode(global_step, ro.ep_return[i], ro.ep_length[i])
-            ro.ep_return[i], ro.ep_length[i] = 0.0, 0
+            run.episode(global_step, ro.ep_return[i], ro.ep_length[i])
+            ro.ep_return[i] = 0.0
+            ro.ep_length[i] = 0
     # V after the last step, which GAE bootstraps from (once per rollout: a GPU makes the host wait)
-    starts = torch.from_numpy(envs.start).to(device)[None]
-    ro.next_value = agent(ro.next_obs[None], ro.state, starts)[1][0]
+    starts = torch.from_numpy(envs.start).to(run.device)[None]
+    _, next_value, _ = agent(ro.next_obs[None], ro.state, starts)
+    ro.next_value = next_value[0]
     return global_step
 
 
-def ppo_step(agent: Agent, optimizer, mb: dict, spans: torch.Tensor, args: Args):
-    """One gradient step of PPO (details 4, 9) on minibatch `mb` of sequences; its losses."""
-    logits, value, _ = agent(mb["obs"], (mb["h0"][None], mb["c0"][None]), mb["starts"], spans)
+# ---------------------------------------------------------------- learning
+def ppo_step(agent: Agent, optimizer, mb: dict, any_start: torch.Tensor, args: Args) -> dict:
+    """One gradient step of PPO (eq. 9; details 4, 9) on minibatch `mb` of sequences, (L, B)
+    each, replayed from their stored (h, c); its losses, detached."""
+    state = (mb["h0"][None], mb["c0"][None])  # (1, B, H) each
+    logits, value, _ = agent(mb["obs"], state, mb["starts"], any_start)  # (L, B, A), (L, B)
     dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
-    acted, A = mb["acted"], mb["advantages"]
-    # over the policy's own steps (detail 4)
+    acted = mb["acted"]
     entropy = masked_mean(dist.entropy(), acted)
-    A = normalise(A, acted) if args.norm_adv else A
-    logprob, old, R = dist.log_prob(mb["actions"]), mb["logprobs"], mb["returns"]
-    pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
-        logprob, old, A, value, mb["values"], R, args.clip_coef, args.clip_vloss, acted
+    advantages = mb["advantages"]
+    if args.norm_adv:
+        advantages = normalise(advantages, acted)
+    losses = ppo_losses(
+        logprob=dist.log_prob(mb["actions"]),
+        old_logprob=mb["logprobs"],
+        advantages=advantages,
+        value=value,
+        old_value=mb["values"],
+        returns=mb["returns"],
+        acted=acted,
+        clip_coef=args.clip_coef,
+        clip_vloss=args.clip_vloss,
     )
-    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    # loss = -L_clip - c2 H[pi] + c1 L_V
+    loss = losses["policy_loss"] - args.ent_coef * entropy + args.vf_coef * losses["value_loss"]
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    return torch.stack([loss, v_loss, pg_loss, entropy, approx_kl, clipfrac]).detach()
+    return {
+        "loss": loss.detach(),
+        "value_loss": losses["value_loss"].detach(),
+        "policy_loss": losses["policy_loss"].detach(),
+        "entropy": entropy.detach(),
+        "approx_kl": losses["approx_kl"].detach(),
+        "clipfrac": losses["clipfrac"].detach(),
+    }
 
 
 LOGGED = ("value_loss", "policy_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
 
 
-def update(step, ro: Rollout, advantages, returns, args: Args, generator) -> torch.Tensor:
-    """K epochs of `step` (ppo_step, or compiled) on minibatches of sequences: loss, LOGGED."""
-    starts, acted = ro.host[3:].to(ro.obs.device, non_blocking=True)
-    batch = dict(obs=ro.obs, actions=ro.actions, logprobs=ro.logprobs, values=ro.values)
-    batch |= dict(advantages=advantages, returns=returns, starts=starts, acted=acted)
-    batch = {k: ro.sequences(v) for k, v in batch.items()}
-    # detail 8's spans, found on the host
-    host_starts, stats = ro.sequences(ro.host[3]), []
-    h0, c0 = ro.h0.flatten(0, 1), ro.c0.flatten(0, 1)
-    for epoch in range(args.update_epochs):
+def update(ppo_step, ro: Rollout, advantages, returns, args: Args, generator, run) -> dict:
+    """K epochs of `ppo_step` (the function above with agent, optimizer and args bound; compiled
+    with --compile) on minibatches of whole sequences. The last minibatch's losses (the total
+    "loss" too), the mean clip fraction and the explained variance, 0-dim tensors by name."""
+    starts = run.upload(ro.starts)
+    acted = run.upload(ro.acted)
+    per_step = dict(obs=ro.obs, actions=ro.actions, logprobs=ro.logprobs, values=ro.values)
+    per_step |= dict(advantages=advantages, returns=returns, starts=starts, acted=acted)
+    # (T, N, ...) -> (L, K, ...): K = N T / L sequences of L steps (Rollout.sequences)
+    batch = {name: ro.sequences(x) for name, x in per_step.items()}
+    # (T / L, N, H) -> (K, H): sequence j N + n's stored state, in the order of sequences()
+    h0 = ro.h0.flatten(0, 1)
+    c0 = ro.c0.flatten(0, 1)
+    # (L, K) on the host, where detail 8's spans are found
+    host_starts = ro.sequences(ro.starts)
+    stats = []
+    for _epoch in range(args.update_epochs):
         order = torch.randperm(len(h0), generator=generator)
         for rows in order.split(len(h0) // args.num_minibatches):
-            spans = host_starts[:, rows].any(1)
-            rows = rows.to(ro.obs.device, non_blocking=True)
-            mb = {k: v[:, rows] for k, v in batch.items()} | dict(h0=h0[rows], c0=c0[rows])
-            # compiled: its outputs are kept (copied), so a new CUDA graph step (not in eager mode:
-            # its first call imports Inductor, seconds)
-            if args.compile:
-                torch.compiler.cudagraph_mark_step_begin()
-            stats.append(step(mb, spans).clone())
+            any_start = host_starts[:, rows].any(1)  # (L,)
+            rows = run.upload(rows)
+            mb = {name: x[:, rows] for name, x in batch.items()}  # (L, B, ...)
+            mb["h0"] = h0[rows]  # (B, H)
+            mb["c0"] = c0[rows]
+            run.graph_step()
+            losses = ppo_step(mb, any_start)
+            # kept (copied): a compiled step's next CUDA graph run overwrites its outputs
+            stats.append({name: value.clone() for name, value in losses.items()})
         # (waits for a GPU)
-        if args.target_kl is not None and stats[-1][4] > args.target_kl:
+        if args.target_kl is not None and stats[-1]["approx_kl"] > args.target_kl:
             break
-    stats = torch.stack(stats)
+    # one row per minibatch step, the columns in ppo_step's order: stacked once, on the device
+    table = torch.stack([torch.stack(list(row.values())) for row in stats])  # (steps, 6)
+    columns = dict(zip(stats[0], table.unbind(1)))  # name -> (steps,)
+    result = {name: column[-1] for name, column in columns.items()}
+    result["clipfrac"] = columns["clipfrac"].mean()
     var_y = batch["returns"].var()
     explained = 1 - (batch["returns"] - batch["values"]).var() / var_y
-    explained = torch.where(var_y > 0, explained, torch.nan)
-    return torch.cat([stats[-1, :5], stats[:, 5].mean().view(1), explained.view(1)])
+    result["explained_variance"] = torch.where(var_y > 0, explained, torch.nan)
+    return result
 
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    check_args(args)
+    """Recurrent PPO (Schulman et al. 2017, Algorithm 1, with an LSTM policy) on N Atari games."""
+    # PPO's Algorithm 1 with memory; each iteration:
+    # 1. anneal the learning rate (detail 9)
+    # 2. run pi_old in N envs for T steps, storing (h, c) at each chunk's start   -> collect
+    #      (per step: Agent.forward -> Agent.memory, LifeProtocol.step, bootstrap_values)
+    # 3. advantages A_t and returns R_t                                           -> gae
+    # 4. K epochs of minibatch steps on sequences replayed from their stored (h, c) -> update
+    #      (per minibatch: ppo_step -> Agent.forward, normalise, ppo_losses)
+    # 5. log; evaluate and checkpoint as due                            -> run.log, run.end_iteration
+    run = Run(args, checks=check_args(args))
     if args.eval_only:
-        return eval_only(args)
-    atari, protocol = atari_settings(asdict(args)), resolve_protocol(args.protocol, args.env_id)
-    device = seed_and_pick_device(args)
-    T, N = args.num_steps, args.num_envs
+        return eval_only(args, run)
+    atari = atari_settings(asdict(args))
+    protocol = resolve_protocol(args.protocol, args.env_id)
+    T = args.num_steps
+    N = args.num_envs
     # whole rollouts
     total = args.total_steps // (N * T) * N * T
     envs = LifeProtocol(make_envs(N, **atari), atari["baselines"])
     agent = Agent(int(envs.vec.single_action_space.n), args.frame_stack, args.hidden_dim)
-    agent = agent.to(device, memory_format=torch.channels_last)
+    agent = agent.to(run.device, memory_format=torch.channels_last)
     # a tensor: no recompile as it anneals
-    lr = torch.tensor(args.learning_rate, device=device)
+    lr = torch.tensor(args.learning_rate, device=run.device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True)
-    # the minibatch order's
+    # draws the minibatch order (its own generator, kept in the checkpoint)
     generator = torch.Generator().manual_seed(args.seed)
-    global_step, iteration, horizon = restore(args, agent, optimizer, generator, total)
+    global_step, iteration, horizon = restore(args, run, agent, optimizer, generator, total)
     optimizer.param_groups[0]["lr"] = lr  # (a checkpoint's lr is replaced by the schedule's)
-    gammas = dict(gamma=args.gamma, gae_lambda=args.gae_lambda)
-    step = compiled(partial(ppo_step, agent, optimizer, args=args), args, device)
-    ro = Rollout(T, N, args.seq_len, args.frame_stack, args.hidden_dim, device)
+    ppo_update_step = run.compile(partial(ppo_step, agent, optimizer, args=args))
+    ro = Rollout(T, N, args.seq_len, args.frame_stack, args.hidden_dim, run)
     # fresh games, also after a resume (detail 11)
-    ro.restart(envs.reset(seed=args.seed + global_step), agent)
-    stop = stop_signal()
-    eval_seed = args.seed + 10_000
-    evaluate_policy = partial(evaluate, agent, atari, args.eval_episodes, eval_seed, device, stop)
+    ro.restart(run.to_device(envs.reset(seed=args.seed + global_step)), agent)
 
     def state() -> dict:
+        """The checkpoint's contents at this point of the loop (detail 11)."""
         return checkpoint_state(agent, optimizer, iteration, horizon, generator)
 
-    run_dir, resumed = run_dir_for(args, args.resume), args.resume is not None
+    def evaluate_policy(video_dir: Path | None) -> tuple[list[float], dict]:
+        """Full games of the current policy on their own envs (detail 10)."""
+        return evaluate(
+            agent,
+            atari,
+            episodes=args.eval_episodes,
+            seed=args.seed + 10_000,
+            device=run.device,
+            stop=run.stop,
+            video_dir=video_dir,
+        )
+
     about = dict(game=atari["game"], repeat_action_probability=atari["sticky"], protocol=protocol)
-    with RunLogger(
-        args, run_dir, global_step, total, resumed, resolved_device=str(device), **about
-    ) as log:
-        while global_step < total and not stop:
+    with run.start(global_step, total, state=state, evaluate=evaluate_policy, **about):
+        while global_step < total and not run.stop:
             iteration += 1
-            # detail 9
+            # 1.
             rate = args.learning_rate * (1.0 - global_step / horizon if args.anneal_lr else 1.0)
             lr.fill_(rate)
-            global_step = collect(agent, envs, ro, global_step, log)
-            rewards, terminals, cut = ro.host[:3].to(device, non_blocking=True)
-            A, R = gae(rewards, ro.values, ro.next_value, terminals, cut, ro.trunc_values, **gammas)
-            stats = update(step, ro, A, R, args, generator)
-            log.check_finite(stats[0], global_step)
-            losses = {"losses/" + k: v for k, v in zip(LOGGED, stats[1:].tolist())}
-            log.scalars(global_step, {"charts/learning_rate": rate, **losses})
-            log.scalars(global_step, {"charts/SPS": log.sps(global_step)})
-            log.end_iteration(global_step, stop, evaluate_policy, state)
+            # 2.
+            global_step = collect(agent, envs, ro, global_step, run)
+            # 3.
+            advantages, returns = gae(
+                rewards=run.upload(ro.rewards),
+                values=ro.values,
+                next_value=ro.next_value,
+                terminals=run.upload(ro.terminals),
+                truncations=run.upload(ro.truncations),
+                truncation_values=ro.trunc_values,
+                gamma=args.gamma,
+                gae_lambda=args.gae_lambda,
+            )
+            # 4.
+            losses = update(ppo_update_step, ro, advantages, returns, args, generator, run)
+            # 5.
+            run.check_finite(losses["loss"], global_step)
+            numbers = torch.stack([losses[name] for name in LOGGED]).tolist()  # one device read
+            logged = {"losses/" + name: number for name, number in zip(LOGGED, numbers)}
+            run.log(global_step, {"charts/learning_rate": rate, **logged})
+            run.log(global_step, {"charts/SPS": run.sps(global_step)})
+            run.end_iteration(global_step)
         envs.vec.close()
-        log.finish(global_step, stop, evaluate_policy, state, **about)
+        run.finish(global_step, **about)
 
 
 # ---------------------------------------------------------------- the file's own plumbing
-def check_args(args: Args) -> None:
-    """Stop on a bad flag in one line, before anything runs."""
+def check_args(args: Args) -> list[tuple[bool, str]]:
+    """(condition, message) rows for Run to check before anything runs, one line per bad flag."""
     positive = "num_envs num_steps seq_len num_minibatches update_epochs frame_stack hidden_dim"
     positive += " learning_rate clip_coef max_grad_norm max_episode_frames"
     values = {"--" + k.replace("_", "-"): getattr(args, k) for k in positive.split()}
-    check_flags(args, [(v > 0, f"{k} must be positive, got {v}") for k, v in values.items()])
-    T, N, L, M = args.num_steps, args.num_envs, args.seq_len, args.num_minibatches
-    seqs, rollout, gammas = N * T // L, N * T, {"gamma": args.gamma, "gae-lambda": args.gae_lambda}
-    rows = [(0 <= v <= 1, f"--{k} must be in [0, 1], got {v}") for k, v in gammas.items()]
+    rows = [(v > 0, f"{k} must be positive, got {v}") for k, v in values.items()]
+    if not all(ok for ok, _ in rows):
+        return rows  # the rows below divide by these flags
+    T = args.num_steps
+    N = args.num_envs
+    L = args.seq_len
+    M = args.num_minibatches
+    seqs = N * T // L
+    rollout = N * T
+    gammas = {"gamma": args.gamma, "gae-lambda": args.gae_lambda}
+    rows += [(0 <= v <= 1, f"--{k} must be in [0, 1], got {v}") for k, v in gammas.items()]
     split = f"{seqs} sequences per rollout (num_envs * num_steps / seq_len) do not split into"
     enough = args.eval_only or args.total_steps >= rollout
     short = f"less than one rollout (num_envs * num_steps = {rollout}); raise it"
@@ -601,7 +742,7 @@ def check_args(args: Args) -> None:
         (seqs % M == 0, f"{split} --num-minibatches {M}; choose a divisor of {seqs}"),
         (enough, f"--total-steps {args.total_steps} is {short}"),
     ]
-    check_flags(args, rows)
+    return rows
 
 
 def not_atari(env_id: str, games: dict[str, str]) -> str:
@@ -629,24 +770,50 @@ def not_atari(env_id: str, games: dict[str, str]) -> str:
     return f"{env_id} is not an Atari game; use BreakoutNoFrameskip-v4 or ALE/<Game>-v5"
 
 
+def clear_stale_frames(obs, final_obs, stale, life_lost, game_ended):
+    """--frame-stack > 1 under baselines (detail 6): zero each env's stacked frames from before a
+    lost life, as EpisodicLife's reset would. stale (N,): how many of each env's oldest frames
+    were stale after the previous step. -> obs, final_obs (None stays None), the new counts."""
+
+    def zero_oldest(frames: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """Frames (N, S, 84, 84) with env i's count[i] oldest of S zeroed."""
+        keep = np.arange(frames.shape[1]) >= count[:, None]  # (N, S)
+        return frames * keep[:, :, None, None]
+
+    # one step on, the oldest frame has left the stack: one stale frame fewer
+    carried = np.maximum(stale - 1, 0)
+    if final_obs is not None:
+        final_obs = zero_oldest(final_obs, carried)
+    # a lost life makes all but the newest frame stale; a new game's stack starts clean
+    stale = np.where(life_lost, obs.shape[1] - 1, carried * ~game_ended)
+    return zero_oldest(obs, stale), final_obs, stale
+
+
 def checkpoint_state(agent: Agent, optimizer, iteration: int, horizon: int, generator) -> dict:
     """What a resume needs (detail 11); the acting memory restarts with the games."""
-    rng = rng_state(torch=torch.default_generator, minibatch=generator)
-    state = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng}
-    return {**state, "iteration": iteration, "schedule_steps": horizon}
+    return {
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": Run.rng_state(torch=torch.default_generator, minibatch=generator),
+        "iteration": iteration,
+        "schedule_steps": horizon,
+    }
 
 
-def restore(args: Args, agent: Agent, optimizer, generator, total: int) -> tuple[int, int, int]:
+def restore(args: Args, run, agent: Agent, optimizer, generator, total: int):
     """(global step, iteration, anneal horizon S), loading --resume's checkpoint (detail 9)."""
     same = ("num_envs", "num_steps", "seq_len", "frame_stack", "hidden_dim", "protocol")
-    ckpt = resume_checkpoint(args, same) if args.resume else None
-    horizon, why = total, ""
-    if ckpt:
-        horizon, why = ckpt["schedule_steps"], "the schedule of the checkpoint"
+    ckpt = run.resume_checkpoint(same)
+    horizon = total
+    why = ""
+    if ckpt is not None:
+        horizon = ckpt["schedule_steps"]
+        why = "the schedule of the checkpoint"
     if args.schedule_steps is not None:
-        horizon, why = args.schedule_steps, "set by --schedule-steps"
+        horizon = args.schedule_steps
+        why = "set by --schedule-steps"
     if args.anneal_lr and horizon < total:
-        raise fail(
+        raise Run.fail(
             f"--total-steps {args.total_steps} runs past the learning-rate anneal, which reaches 0"
             f" at step {horizon} ({why}); pass --schedule-steps {total} (or more) to re-plan it,"
             " or --no-anneal-lr"
@@ -655,7 +822,7 @@ def restore(args: Args, agent: Agent, optimizer, generator, total: int) -> tuple
         return 0, 0, horizon
     agent.load_state_dict(ckpt["agent"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=generator)
+    Run.set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=generator)
     return ckpt["global_step"], ckpt["iteration"], horizon
 
 
@@ -669,9 +836,12 @@ def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=(
     """Unclipped scores of full games of the sampled policy (detail 10), and the capped games."""
     # game i seeded seed + i; cut short once `stop` is true (a signal)
     envs = LifeProtocol(make_envs(episodes, **atari), atari["baselines"])
-    obs, generator = envs.reset(seed=seed), torch.Generator().manual_seed(seed)
-    state, scores = agent.initial_state(episodes, device), np.zeros(episodes)
-    finished, capped = np.zeros((2, episodes), bool)
+    obs = envs.reset(seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    state = agent.initial_state(episodes, device)
+    scores = np.zeros(episodes)
+    finished = np.zeros(episodes, bool)
+    capped = np.zeros(episodes, bool)
     while not finished.all() and not stop:
         starts = torch.from_numpy(envs.start).to(device)[None]
         logits, _, state = agent(torch.from_numpy(obs).to(device)[None], state, starts)
@@ -702,210 +872,305 @@ def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) 
     if fire is not None:
         frame, _, _, _, info = env.step(fire)
     stack = np.zeros((1, atari["frame_stack"], 84, 84), dtype=np.uint8)
-    generator, score, done, forced = torch.Generator().manual_seed(seed), 0.0, False, False
-    state, start, lives = agent.initial_state(1, device), 1.0, info["lives"]
+    generator = torch.Generator().manual_seed(seed)
+    score = 0.0
+    done = False
+    forced = False
+    state = agent.initial_state(1, device)
+    start = 1.0
+    lives = info["lives"]
     while not done:
+        # a new episode (start 1) clears the stack, as LifeProtocol's clear_stale_frames
         stack = np.concatenate([stack[:, 1:] * (start == 0), frame[None, None]], axis=1)
         starts = torch.full((1, 1), start, device=device)
         logits, _, state = agent(torch.from_numpy(stack).to(device)[None], state, starts)
         action = int(sample_actions(logits[0], generator)[0])
         frame, reward, term, trunc, info = env.step(fire if forced else action)
         lost = info["lives"] < lives and not (term or trunc)
-        score, done, lives = score + float(reward), term or trunc, info["lives"]
-        start, forced = float(lost and atari["baselines"]), lost and fire is not None
+        score = score + float(reward)
+        done = term or trunc
+        lives = info["lives"]
+        start = float(lost and atari["baselines"])
+        forced = lost and fire is not None
     env.close()
     return score
 
 
-def eval_only(args: Args) -> None:
+def eval_only(args: Args, run) -> None:
     """Evaluate --checkpoint with its run's settings: it repeats the run's final evaluation."""
-    ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
-    # protocol auto: checkpoints from before --protocol
+    ckpt = Run.load_checkpoint(args.checkpoint)
     weights = ckpt["agent"]
     frame_stack = weights["network.0.weight"].shape[1]
-    run = {"protocol": "auto", **ckpt["args"], "frame_stack": frame_stack}
-    atari = atari_settings(run)
+    # protocol auto: checkpoints from before --protocol
+    flags = {"protocol": "auto", **ckpt["args"], "frame_stack": frame_stack}
+    atari = atari_settings(flags)
     agent = Agent(len(weights["actor.bias"]), frame_stack, weights["lstm.weight_hh_l0"].shape[1])
-    agent.to(device, memory_format=torch.channels_last).load_state_dict(weights)
-    video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
-    result = evaluate(agent, atari, args.eval_episodes, run["seed"] + 10_000, device, (), video_dir)
-    write_eval_only(args, ckpt, result)
+    agent.to(run.device, memory_format=torch.channels_last).load_state_dict(weights)
+    result = evaluate(
+        agent,
+        atari,
+        episodes=args.eval_episodes,
+        seed=flags["seed"] + 10_000,
+        device=run.device,
+        stop=(),
+        video_dir=run.video_dir,
+    )
+    run.write_eval_only(ckpt, result)
 
 
-# ===== run harness: the same text in every file of algos/ (tests/test_harness.py compares them),
-# no algorithm knowledge: errors, checks, seeding, checkpoints, signals and the run's outputs
-# (README.md's "Usage" says what a run writes). Change it in one file, then copy it to the others.
-SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+# ===== run harness: the same text in every file of algos/, written from benchmark/run_harness.py
+# by `python -m benchmark harness`. No algorithm knowledge: flag checks, seeding and the device,
+# checkpoints, stop signals and the run's outputs (README.md's "Usage" says what a run writes).
+# The code above reaches all of it through one name, `run` (the class `Run`): skip those lines
+# to read the algorithm alone.
+SCRIPT = Path(__file__).name
+ALGO = Path(__file__).stem
 
 
-def fail(message: str) -> SystemExit:
-    """`raise fail(...)`: one line on stderr and exit status 1."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
+class Run:
+    """One training run's plumbing: checks, seeding, device, signals, logs and checkpoints.
 
+    run = Run(args, checks)                    # check the flags, seed, pick run.device,
+                                               # catch SIGINT/SIGTERM in run.stop
+    ckpt = run.resume_checkpoint(same=(...))   # --resume's checkpoint, or None
+    with run.start(step, total, state=..., evaluate=...):   # config.json, TensorBoard
+        while step < total and not run.stop:
+            ...                                # the algorithm; run.episode(...), run.log(...)
+            run.end_iteration(step)            # evaluations, checkpoints, progress as due
+        run.finish(step)                       # checkpoint, final evaluation, summary.json
 
-def check_flags(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first false (condition, message) row, the common flags' rows first."""
-    intervals = min(args.eval_interval, args.checkpoint_interval)
-    cuda = args.device != "cuda" or torch.cuda.is_available()
-    common = [
-        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
-        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-        (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
-        (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
-    ]
-    for ok, message in common + rows:
-        if not ok:
-            raise fail(message)
+    `state()` returns the file's checkpoint dict; `evaluate(video_dir)` returns the evaluation's
+    returns, or (returns, {"eval_<name>": value}).
+    """
 
+    def __init__(self, args, checks: list[tuple[bool, str]] = ()) -> None:
+        """Stop at the first failed check (the common flags' first), then seed and pick the
+        device; --run-dir must not name a file."""
+        Run.check_flags(args, list(checks))
+        self.args = args
+        self.device = Run.seed_and_pick_device(args)
+        self.run_dir = Run.run_dir_for(args, args.checkpoint if args.eval_only else args.resume)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise Run.fail(f"--run-dir {self.run_dir} is a file; pass a folder's path")
+        self.checkpoint = self.run_dir / "checkpoints" / "latest.pt"
+        self.stop: list[int] = []  # made true by the first SIGINT or SIGTERM
+        if not args.eval_only:
+            catch_stop_signals(self.stop)
 
-def seed_and_pick_device(args) -> torch.device:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
-    for seed in (random.seed, np.random.seed, torch.manual_seed):  # torch: CPU and every GPU
-        seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
+    # ------------------------------------------------------------ errors and checks
+    @staticmethod
+    def fail(message: str) -> SystemExit:
+        """`raise Run.fail(...)`: one line on stderr and exit status 1."""
+        return SystemExit(f"{SCRIPT}: error: {message}")
 
+    @staticmethod
+    def check_flags(args, rows: list[tuple[bool, str]]) -> None:
+        """Stop at the first false (condition, message) row, the common flags' rows first."""
+        intervals = min(args.eval_interval, args.checkpoint_interval)
+        cuda = args.device != "cuda" or torch.cuda.is_available()
+        wandb = not args.track or importlib.util.find_spec("wandb")
+        common = [
+            (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+            (
+                args.eval_episodes >= 1,
+                f"--eval-episodes must be at least 1, got {args.eval_episodes}",
+            ),
+            (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
+            (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+            (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
+            (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
+            (wandb, "--track needs wandb (pip install)"),
+        ]
+        for ok, message in common + rows:
+            if not ok:
+                raise Run.fail(message)
 
-def compiled(fn, args, device: torch.device):
-    """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
-    if not args.compile:
-        return fn
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default")
+    @staticmethod
+    def every(step: int, previous_step: int, interval: int) -> bool:
+        """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
+        return interval > 0 and step // interval != previous_step // interval
 
+    # ------------------------------------------------------------ seeding, device, speed
+    @staticmethod
+    def seed_and_pick_device(args) -> torch.device:
+        """Seed python, numpy's global generator and torch (CPU and every GPU); the device."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed)
+        torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        return torch.device("cuda" if cuda else "cpu")
 
-def rng_state(**generators) -> dict:
-    """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
-    state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
-    state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
-    cuda = torch.cuda.is_initialized()
-    return state | ({"cuda": torch.cuda.get_rng_state_all()} if cuda else {})
+    def compile(self, fn):
+        """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
+        if not self.args.compile:
+            return fn
+        mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        return torch.compile(fn, mode=mode)
 
+    def graph_step(self) -> None:
+        """Before a compiled step on CUDA: the previous step's outputs have been read, so its CUDA
+        graph may overwrite them."""
+        if self.args.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
 
-def set_rng_state(state: dict, **generators) -> None:
-    for name, g in generators.items():
-        if hasattr(g, "set_state"):
-            g.set_state(state[name])
-        else:
-            g.bit_generator.state = state[name]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    def to_device(self, array: np.ndarray | torch.Tensor, dtype: torch.dtype | None = None):
+        """`array` as a tensor on the run's device (converted to `dtype` on the host first). To a
+        GPU it goes through pinned memory, so the host does not wait for the copy; the caching
+        host allocator keeps the pinned block until the copy is done."""
+        x = torch.as_tensor(array)
+        if dtype is not None:
+            x = x.to(dtype)
+        if self.device.type == "cuda":
+            x = x.pin_memory()
+        return x.to(self.device, non_blocking=True)
 
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+        """A zeroed host tensor to stage data for the device (pinned on a GPU run)."""
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
 
-def write_atomic(path: Path, data: dict) -> None:  # a kill mid-write leaves the last one whole
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
-    os.replace(tmp, path)
+    def upload(self, host: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """A host (staging) tensor on the run's device, without waiting for the copy; `copy`
+        makes a new tensor even where no copy is needed (the CPU), so the host may be refilled."""
+        return host.to(self.device, non_blocking=True, copy=copy)
 
+    @staticmethod
+    def polyak(target, source, tau: float) -> None:
+        """theta_target <- (1 - tau) theta_target + tau theta_source, for two modules or two lists
+        of tensors, in one fused call."""
+        if isinstance(target, torch.nn.Module):
+            target, source = target.parameters(), source.parameters()
+        with torch.no_grad():
+            torch._foreach_lerp_(list(target), list(source), tau)
 
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
-    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by this library")
-    if ckpt["algo"] != ALGO:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py")
-    if env_id is not None and ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
-    return ckpt
+    # ------------------------------------------------------------ checkpoints
+    @staticmethod
+    def rng_state(**generators) -> dict:
+        """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
+        state = {}
+        for name, generator in generators.items():
+            generator = getattr(generator, "bit_generator", generator)
+            if hasattr(generator, "get_state"):
+                state[name] = generator.get_state()
+            else:
+                state[name] = generator.state
+        if torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
 
+    @staticmethod
+    def set_rng_state(state: dict, **generators) -> None:
+        """Restore what rng_state() saved into the same generators."""
+        for name, generator in generators.items():
+            if hasattr(generator, "set_state"):
+                generator.set_state(state[name])
+            else:
+                generator.bit_generator.state = state[name]
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
-def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
-    """--resume's checkpoint; refused below its step or when a flag in `same` differs."""
-    ckpt = load_checkpoint(args.resume, args.env_id)
-    if ckpt.get("harness") != 1:
-        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there")
-    if args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+")
-    for key in same:
-        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
-        if key not in ckpt["args"]:
-            raise fail(f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it")
-        was = f"{flag} {theirs}"
-        if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
-            was = flag if theirs else "--no-" + flag[2:]
-        if theirs != getattr(args, key):
-            raise fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
-    return ckpt
+    @staticmethod
+    def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+        """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            message = f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt"
+            raise Run.fail(message)
+        except Exception as e:
+            raise Run.fail(
+                f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one"
+            )
+        if (
+            not isinstance(ckpt, dict)
+            or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys()
+        ):
+            raise Run.fail(f"{path} is not a checkpoint written by this library")
+        if ckpt["algo"] != ALGO:
+            raise Run.fail(
+                f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py"
+            )
+        if env_id is not None and ckpt["env_id"] != env_id:
+            raise Run.fail(
+                f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}"
+            )
+        return ckpt
 
+    def resume_checkpoint(self, same: tuple[str, ...] | list[str]) -> dict | None:
+        """--resume's checkpoint (None without --resume); refused below its step or when a flag
+        in `same` differs."""
+        args = self.args
+        if not args.resume:
+            return None
+        ckpt = Run.load_checkpoint(args.resume, args.env_id)
+        if ckpt.get("harness") != 1:
+            raise Run.fail(
+                f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there"
+            )
+        if args.total_steps < ckpt["global_step"]:
+            raise Run.fail(
+                f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+"
+            )
+        for key in same:
+            flag = "--" + key.replace("_", "-")
+            theirs = ckpt["args"].get(key)
+            if key not in ckpt["args"]:
+                raise Run.fail(
+                    f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it"
+                )
+            was = f"{flag} {theirs}"
+            if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
+                was = flag if theirs else "--no-" + flag[2:]
+            if theirs != getattr(args, key):
+                raise Run.fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
+        return ckpt
 
-def run_dir_for(args, checkpoint: str | None) -> Path:
-    if args.run_dir:
-        return Path(args.run_dir)
-    if checkpoint:  # --resume, --eval-only: the folder above the checkpoint's checkpoints/
-        folder = Path(checkpoint).resolve().parent
-        return folder.parent if folder.name == "checkpoints" else folder
-    name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return Path("runs", name)
+    @staticmethod
+    def run_dir_for(args, checkpoint: str | None) -> Path:
+        """--run-dir; else the folder above a checkpoint's checkpoints/; else a new one in runs/."""
+        if args.run_dir:
+            return Path(args.run_dir)
+        if checkpoint:
+            folder = Path(checkpoint).resolve().parent
+            return folder.parent if folder.name == "checkpoints" else folder
+        name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        return Path("runs", name)
 
+    @property
+    def video_dir(self) -> Path | None:
+        """Where evaluation videos go, with --capture-video."""
+        return self.run_dir / "videos" if self.args.capture_video else None
 
-def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
-    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value})."""
-    returns, extra = result if isinstance(result, tuple) else (result, {})
-    returns = [float(r) for r in returns]
-    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
-    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
-
-
-def write_eval_only(args, ckpt: dict, result, **extra) -> None:
-    path = run_dir_for(args, args.checkpoint) / "eval.json"
-    info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
-    info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
-    write_atomic(path, info := {**info, **eval_fields(result)[0], **extra})
-    print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
-
-
-def stop_signal() -> list[int]:
-    """A list that the first SIGINT or SIGTERM makes true; a second one kills at once."""
-    caught = []
-
-    def on_signal(signum, _frame) -> None:
-        caught.append(signum)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return caught
-
-
-def every(step: int, previous_step: int, interval: int) -> bool:
-    """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
-    return interval > 0 and step // interval != previous_step // interval
-
-
-class RunLogger:
-    """config.json, TensorBoard (and W&B), progress, evaluations, checkpoints and summary.json."""
-
-    def __init__(self, args, run_dir: Path, start_step: int, total_steps: int, resumed, **config):
-        self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
-        self.start_step = self.step = start_step
-        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        config = {**asdict(args), "run_dir": str(run_dir), **config}
-        write_atomic(run_dir / "config.json", config)
+    # ------------------------------------------------------------ the run's life
+    def start(self, step: int, total_steps: int, state, evaluate, **about) -> Run:
+        """Write config.json (the flags, the device and `about`), open TensorBoard (and W&B);
+        `with` closes them."""
+        args = self.args
+        self.state, self.evaluate = state, evaluate
+        self.total_steps = total_steps
+        self.start_step = self.step = step
+        resumed = args.resume is not None
+        config = {**asdict(args), "run_dir": str(self.run_dir)}
+        config |= {"resolved_device": str(self.device), **about}
+        write_atomic(self.run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
-            self.wandb.init(**init, dir=str(run_dir), name=run_dir.name, resume="allow")
+            self.wandb.init(**init, dir=str(self.run_dir), name=self.run_dir.name, resume="allow")
         # on resume, TensorBoard hides what an earlier attempt logged after the checkpoint
-        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        purge_step = step + 1 if resumed else None
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
+        self.recent = deque(maxlen=20)
+        self.loop_start = time.time()
+        self.last_print = 0.0
         self.bad_step = torch.tensor(-1)  # the first step with a non-finite loss
+        return self
 
-    def __enter__(self) -> RunLogger:
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, error, _traceback) -> None:
@@ -914,16 +1179,19 @@ class RunLogger:
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
             self.wandb.finish(exit_code=int(failed))
 
-    def scalars(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict) -> None:
+        """TensorBoard scalars {tag: number or 0-dim tensor} at `step`."""
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), step)
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """A finished training episode: logged, and kept for the progress line."""
         self.recent.append(float(episodic_return))
-        self.scalars(step, {"charts/episodic_return": self.recent[-1]})
-        self.scalars(step, {"charts/episodic_length": length})
+        self.log(step, {"charts/episodic_return": self.recent[-1]})
+        self.log(step, {"charts/episodic_length": length})
 
     def sps(self, step: int) -> float:
+        """Environment steps per second of the training loop so far."""
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
@@ -934,51 +1202,104 @@ class RunLogger:
             self.stop_if_bad()
 
     def stop_if_bad(self) -> None:
-        if (step := int(self.bad_step)) >= 0:  # on a GPU this waits for the device
-            raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
+        """Raise the non-finite loss's error, if one was seen (on a GPU this waits for it)."""
+        if (step := int(self.bad_step)) >= 0:
+            raise Run.fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
-    def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
+    def evaluate_and_log(self, step: int, video_dir: Path | None = None) -> dict | None:
         """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
-        result, extra = eval_fields(evaluate(video_dir))
-        if not stop:
-            extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
-            self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
-            return result
+        result, extra = eval_fields(self.evaluate(video_dir))
+        if self.stop:
+            return None
+        extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
+        self.log(step, {"eval/episodic_return": result["eval_mean"], **extra})
+        return result
 
-    def end_iteration(self, step: int, stop, evaluate, state) -> None:
+    def end_iteration(self, step: int) -> None:
         """Evaluate and save as their intervals pass (finish() does both at the end); progress."""
-        previous, self.step = self.step, step
-        if stop or step >= self.total_steps:
+        previous = self.step
+        self.step = step
+        if self.stop or step >= self.total_steps:
             return
-        if every(step, previous, self.args.eval_interval):
-            self.evaluate(step, evaluate, stop)
-        if every(step, previous, self.args.checkpoint_interval) and not stop:
-            self.save(step, state())  # (a signal during the evaluation: finish() saves)
+        if Run.every(step, previous, self.args.eval_interval):
+            self.evaluate_and_log(step)
+        if Run.every(step, previous, self.args.checkpoint_interval) and not self.stop:
+            self.save(step)  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.stop_if_bad()
-            self.last_print, sps = time.time(), self.sps(step)
-            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+            self.last_print = time.time()
+            sps = self.sps(step)
+            recent = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {recent}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
-    def save(self, step: int, state: dict) -> None:
+    def save(self, step: int) -> None:
+        """checkpoints/latest.pt: the file's state() and what a resume checks."""
         self.stop_if_bad()  # no checkpoint of non-finite weights
-        meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
-        write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
+        args = self.args
+        meta = {"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args)}
+        write_atomic(self.checkpoint, {**meta, "global_step": step, **self.state()})
 
-    def finish(self, step: int, stop, evaluate, state, **extra) -> None:
+    def finish(self, step: int, **extra) -> None:
         """Save; unless a signal came, evaluate (with videos) and write summary.json: finished."""
         sps = self.sps(step)
-        self.save(step, state())
-        video_dir = self.run_dir / "videos" if self.args.capture_video else None
-        result = None if stop else self.evaluate(step, evaluate, stop, video_dir)
+        self.save(step)
+        result = None if self.stop else self.evaluate_and_log(step, self.video_dir)
         if result is None:
-            return print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
-        info = {"script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed}
+            print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
+            return
+        args = self.args
+        info = {"script": SCRIPT, "algo": ALGO, "env_id": args.env_id, "seed": args.seed}
         info |= {"global_step": step, "sps": sps, **result, **extra}
         write_atomic(self.run_dir / "summary.json", info)
         print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
+
+    def write_eval_only(self, ckpt: dict, result, **extra) -> None:
+        """--eval-only's eval.json beside the checkpoint's run: `evaluate`'s result and `extra`."""
+        path = self.run_dir / "eval.json"
+        info = {
+            "script": SCRIPT,
+            "algo": ALGO,
+            "env_id": ckpt["env_id"],
+            "seed": ckpt["args"]["seed"],
+        }
+        info |= {"checkpoint": str(self.args.checkpoint), "global_step": ckpt["global_step"]}
+        info |= {**eval_fields(result)[0], **extra}
+        write_atomic(path, info)
+        print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
+
+
+def catch_stop_signals(caught: list[int]) -> None:
+    """Make `caught` true at the first SIGINT or SIGTERM; a second one kills at once."""
+
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON or torch.save through a temporary file: a kill mid-write leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(data, indent=2))
+    else:
+        torch.save(data, tmp)
+    os.replace(tmp, path)
+
+
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
+    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value}),
+    and the extra ones alone."""
+    returns, extra = result if isinstance(result, tuple) else (result, {})
+    returns = [float(r) for r in returns]
+    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
 
 
 if __name__ == "__main__":

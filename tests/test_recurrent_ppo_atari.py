@@ -143,7 +143,14 @@ AFTER_LIFE = {(4, 0), (13, 1)}  # baselines: episode starts, and FIRE forced the
 EXPECTED_STARTS = {(0, 0), (0, 1), (11, 0), (18, 0), (6, 1), (21, 1)} | AFTER_LIFE
 
 
-class NoLog:
+class OfflineRun(rppo.Run):
+    """The harness's device helpers (host buffers, uploads) on the CPU, without a run folder,
+    seeding or signal handlers; finished episodes are not logged."""
+
+    def __init__(self):
+        self.args = rppo.Args(device="cpu")
+        self.device = torch.device("cpu")
+
     def episode(self, step, episodic_return, length):
         pass
 
@@ -158,9 +165,10 @@ def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1, baselines=True):
         2, frame_stack, lambda c, i: SCRIPTED.get((c, i)), fire=1 if baselines else None
     )
     envs = rppo.LifeProtocol(fake, baselines)
-    ro = rppo.Rollout(T, 2, seq_len, frame_stack, hidden, torch.device("cpu"))
-    ro.restart(envs.reset(seed=0), agent)
-    assert rppo.collect(agent, envs, ro, 0, NoLog()) == 2 * T
+    run = OfflineRun()
+    ro = rppo.Rollout(T, 2, seq_len, frame_stack, hidden, run)
+    ro.restart(run.to_device(envs.reset(seed=0)), agent)
+    assert rppo.collect(agent, envs, ro, 0, run) == 2 * T
     return agent, fake, ro
 
 
@@ -178,13 +186,11 @@ def stepwise(agent, obs, state, starts):
 # ------------------------------------------------------------------ acting and replay
 def test_acting_matches_a_per_env_per_step_loop():
     agent, envs, ro = scripted_rollout(seq_len=24)
-    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS
-    assert ro.terminals[:, 0].nonzero()[0].tolist() == [3, 17] and ro.truncations[:, 0].nonzero()[
-        0
-    ].tolist() == [10]
-    assert ro.terminals[:, 1].nonzero()[0].tolist() == [5, 12] and ro.truncations[:, 1].nonzero()[
-        0
-    ].tolist() == [20]
+    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts.numpy()))} == EXPECTED_STARTS
+    assert ro.terminals[:, 0].nonzero()[:, 0].tolist() == [3, 17]
+    assert ro.truncations[:, 0].nonzero()[:, 0].tolist() == [10]
+    assert ro.terminals[:, 1].nonzero()[:, 0].tolist() == [5, 12]
+    assert ro.truncations[:, 1].nonzero()[:, 0].tolist() == [20]
     with torch.no_grad():
         for n in range(2):  # batch of one env, one step at a time
             h = c = torch.zeros(1, 1, 16)
@@ -225,24 +231,24 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, base
     agent, _, ro = scripted_rollout(seq_len, baselines=baselines)
     seen, real = [], rppo.ppo_losses
 
-    def spy(new_logprob, old_logprob, adv, new_value, old_value, *rest):
+    def spy(**inputs):
         seen.append(
             (
-                new_logprob.detach().clone(),
-                old_logprob,
-                new_value.detach().clone(),
-                old_value,
-                rest[-1],
+                inputs["logprob"].detach().clone(),
+                inputs["old_logprob"],
+                inputs["value"].detach().clone(),
+                inputs["old_value"],
+                inputs["acted"],
             )
         )
-        return real(new_logprob, old_logprob, adv, new_value, old_value, *rest)
+        return real(**inputs)
 
     monkeypatch.setattr(rppo, "ppo_losses", spy)
     args = rppo.Args(num_envs=2, num_steps=24, seq_len=seq_len, num_minibatches=2, update_epochs=2)
     optimizer = torch.optim.Adam(agent.parameters(), lr=0.0)
     zeros = torch.zeros(24, 2)
     step = partial(rppo.ppo_step, agent, optimizer, args=args)
-    rppo.update(step, ro, zeros, zeros, args, torch.Generator().manual_seed(0))
+    rppo.update(step, ro, zeros, zeros, args, torch.Generator().manual_seed(0), OfflineRun())
     assert len(seen) == 4 and seen[0][0].shape == (seq_len, 48 // seq_len // 2)
     for new_logprob, old_logprob, new_value, old_value, _ in seen:
         torch.testing.assert_close(new_logprob, old_logprob, rtol=1e-5, atol=1e-5)
@@ -250,7 +256,7 @@ def test_replay_through_the_training_path_gives_the_acting_outputs(seq_len, base
     # the loss gets the acted mask: one epoch's minibatches hold the 2 forced steps (baselines) or none
     assert sum(int((acted == 0).sum()) for *_, acted in seen[:2]) == (2 if baselines else 0)
     # and all sequences at once, against the rollout's own layout
-    starts = ro.sequences(torch.from_numpy(ro.starts))
+    starts = ro.sequences(ro.starts)
     with torch.no_grad():
         logits, values, _ = agent(
             ro.sequences(ro.obs),
@@ -274,13 +280,13 @@ def test_rollout_forces_fire_after_a_lost_life_and_masks_it(baselines):
     neither terminal nor an episode start for the memory."""
     _, envs, ro = scripted_rollout(seq_len=8, baselines=baselines)
     forced = AFTER_LIFE if baselines else set()
-    assert {(t, n) for t, n in zip(*np.nonzero(ro.acted == 0))} == forced
+    assert {(t, n) for t, n in zip(*np.nonzero((ro.acted == 0).numpy()))} == forced
     assert all(ro.actions[t, n] == 1 and envs.taken[t][n] == 1 for t, n in forced)
-    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts))} == EXPECTED_STARTS - (
+    assert {(t, n) for t, n in zip(*np.nonzero(ro.starts.numpy()))} == EXPECTED_STARTS - (
         set() if baselines else AFTER_LIFE
     )
-    assert ro.terminals[:, 0].nonzero()[0].tolist() == ([3, 17] if baselines else [17])
-    assert ro.terminals[:, 1].nonzero()[0].tolist() == ([5, 12] if baselines else [5])
+    assert ro.terminals[:, 0].nonzero()[:, 0].tolist() == ([3, 17] if baselines else [17])
+    assert ro.terminals[:, 1].nonzero()[:, 0].tolist() == ([5, 12] if baselines else [5])
 
 
 def test_ppo_losses_leave_forced_steps_out_of_the_policy_loss():
@@ -293,14 +299,17 @@ def test_ppo_losses_leave_forced_steps_out_of_the_policy_loss():
         t([0.0, 1.0, 2.0]),
         t([1.0, 1.0, 0.0]),
     )
-    pg, vl, _, _ = rppo.ppo_losses(
-        logp, logp, adv, values, values, returns, 0.1, False, t([1.0] * 3)
+    inputs = dict(logprob=logp, old_logprob=logp, advantages=adv, value=values, old_value=values)
+    inputs |= dict(returns=returns, clip_coef=0.1, clip_vloss=False)
+    unmasked = rppo.ppo_losses(**inputs, acted=t([1.0] * 3))
+    masked = rppo.ppo_losses(**inputs, acted=t([1.0, 0.0, 1.0]))
+    assert unmasked["policy_loss"].item() == pytest.approx(-8.0 / 3)
+    assert masked["policy_loss"].item() == pytest.approx(-1.5)
+    assert (
+        unmasked["value_loss"].item()
+        == masked["value_loss"].item()
+        == pytest.approx(0.5 * (1 + 0 + 4) / 3)
     )
-    pg_m, vl_m, _, _ = rppo.ppo_losses(
-        logp, logp, adv, values, values, returns, 0.1, False, t([1.0, 0.0, 1.0])
-    )
-    assert pg.item() == pytest.approx(-8.0 / 3) and pg_m.item() == pytest.approx(-1.5)
-    assert vl.item() == vl_m.item() == pytest.approx(0.5 * (1 + 0 + 4) / 3)
 
 
 def test_ppo_losses_leave_forced_steps_out_of_approx_kl_and_clipfrac():
@@ -308,16 +317,13 @@ def test_ppo_losses_leave_forced_steps_out_of_approx_kl_and_clipfrac():
     approximate KL (which drives --target-kl) and the clip fraction see no change; unmasked they do."""
     t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
     old, new, zeros = t([-1.0, -2.0, -0.5]), t([-1.0, -1.0, -0.5]), torch.zeros(3)
-    _, _, kl, clipfrac = rppo.ppo_losses(
-        new, old, zeros, zeros, zeros, zeros, 0.1, False, t([1.0, 0.0, 1.0])
-    )
-    assert kl.item() == 0 and clipfrac.item() == 0
-    _, _, kl_all, clipfrac_all = rppo.ppo_losses(
-        new, old, zeros, zeros, zeros, zeros, 0.1, False, torch.ones(3)
-    )
-    assert kl_all.item() == pytest.approx((np.e - 2) / 3) and clipfrac_all.item() == pytest.approx(
-        1 / 3
-    )
+    inputs = dict(logprob=new, old_logprob=old, advantages=zeros, value=zeros, old_value=zeros)
+    inputs |= dict(returns=zeros, clip_coef=0.1, clip_vloss=False)
+    masked = rppo.ppo_losses(**inputs, acted=t([1.0, 0.0, 1.0]))
+    assert masked["approx_kl"].item() == 0 and masked["clipfrac"].item() == 0
+    unmasked = rppo.ppo_losses(**inputs, acted=torch.ones(3))
+    assert unmasked["approx_kl"].item() == pytest.approx((np.e - 2) / 3)
+    assert unmasked["clipfrac"].item() == pytest.approx(1 / 3)
 
 
 def minibatch_step(agent, obs, actions, old_logprob, old_value, adv, returns, policy_steps):
@@ -347,10 +353,10 @@ def test_update_leaves_forced_steps_out_of_entropy_and_advantage_statistics():
     policy's steps. The forced steps carry large advantages, so counting them would show."""
     torch.manual_seed(0)
     agent = rppo.Agent(4, 1, 8)
-    ro = rppo.Rollout(8, 2, 8, 1, 8, "cpu")  # seq_len = T: sequence n is env n, as (T, N)
+    ro = rppo.Rollout(8, 2, 8, 1, 8, OfflineRun())  # seq_len = T: sequence n is env n, as (T, N)
     ro.obs.copy_(torch.randint(0, 256, ro.obs.shape, dtype=torch.uint8))
     ro.actions.copy_(torch.randint(0, 4, (8, 2)))
-    ro.acted[:] = ~FORCED
+    ro.acted[:] = torch.from_numpy(~FORCED)
     with torch.no_grad():
         no_starts = torch.zeros(8, 2), torch.zeros(8, dtype=torch.bool)
         logits, values, _ = agent(ro.obs, agent.initial_state(2, "cpu"), *no_starts)
@@ -366,7 +372,7 @@ def test_update_leaves_forced_steps_out_of_entropy_and_advantage_statistics():
     unmasked = minibatch_step(copy.deepcopy(agent), *ref_args, torch.ones(8, 2, dtype=torch.bool))
     optimizer = torch.optim.SGD(agent.parameters(), lr=1.0)
     step = partial(rppo.ppo_step, agent, optimizer, args=args)
-    rppo.update(step, ro, adv, returns, args, torch.Generator().manual_seed(0))
+    rppo.update(step, ro, adv, returns, args, torch.Generator().manual_seed(0), OfflineRun())
     for param, want, other in zip(agent.parameters(), expected, unmasked):
         torch.testing.assert_close(param.detach(), want, rtol=1e-4, atol=1e-6)
     assert max((w - o).abs().max() for w, o in zip(expected, unmasked)) > 1e-3  # it can fail
@@ -431,7 +437,7 @@ def test_compiled_agent_runs_nn_lstm_eagerly_between_two_graphs():
 
 
 def test_sequences_layout():
-    ro = rppo.Rollout(6, 2, 3, 1, 4, "cpu")
+    ro = rppo.Rollout(6, 2, 3, 1, 4, OfflineRun())
     x = torch.arange(12).view(6, 2)  # x[t, n] = 2 t + n
     seqs = ro.sequences(x)  # sequence k = j N + n: env n's steps 3 j .. 3 j + 2
     assert seqs.T.tolist() == [[0, 2, 4], [1, 3, 5], [6, 8, 10], [7, 9, 11]]
