@@ -69,6 +69,8 @@ Implementation details:
     state at each span's first step. Acting is the same forward with L = 1 over all envs (no loop
     over envs). Replaying a rollout with the acting weights gives the log-probabilities and
     values recorded while acting (tested), which is what makes the PPO ratio correct.
+    `Agent.memory_per_step` is the plain reference (CleanRL's get_states: one LSTM step at a
+    time, the state zeroed where an episode starts), tested equal to the span-wise calls.
     `--compile` compiles the update step (CUDA graphs on a GPU) but for nn.LSTM, which runs
     eagerly (cuDNN) between its compiled parts; acting and GAE stay eager. Off by default: not
     yet measured to win on a GPU.
@@ -367,7 +369,8 @@ class Agent(nn.Module):
     @torch.compiler.disable  # Dynamo does not trace nn.LSTM: eager (cuDNN on a GPU) when compiled
     def memory(self, x, state, starts, any_start):
         """h_t = LSTM(x_t, (1 - start_t) h_{t-1}) over features x (L, B, D) -> outputs (L, B, H),
-        final (h, c). One nn.LSTM call per span of steps (detail 8)."""
+        final (h, c). One nn.LSTM call per span of steps (detail 8); memory_per_step is the
+        plain one-step-at-a-time reference it equals."""
         # any_start (L,), from the host (a search on the device would make the host wait for a
         # GPU), needed when L > 1: whether some sequence starts an episode at t. A span ends
         # before each such t: starts at t = 3 and 6 of L = 10 give [0, 3), [3, 6), [6, 10).
@@ -378,6 +381,16 @@ class Agent(nn.Module):
             # no episode starts in (t0, t1): zero the memory of the sequences starting at t0 only
             keep = (1.0 - starts[t0])[None, :, None]  # (1, B, 1)
             out, (h, c) = self.lstm(x[t0:t1], (h * keep, c * keep))  # out: (t1 - t0, B, H)
+            outputs.append(out)
+        return torch.cat(outputs), (h, c)
+
+    def memory_per_step(self, x, state, starts):
+        """The reference for memory(): CleanRL's get_states, one LSTM step at a time with the
+        state multiplied by 1 - start_t (L calls). Tested equal; not used in training."""
+        (h, c), outputs = state, []
+        for x_t, start_t in zip(x, starts):
+            keep = (1.0 - start_t)[None, :, None]  # (1, B, 1)
+            out, (h, c) = self.lstm(x_t[None], (h * keep, c * keep))  # out: (1, B, H)
             outputs.append(out)
         return torch.cat(outputs), (h, c)
 

@@ -5,7 +5,8 @@ path gives the log-probabilities and values recorded while acting, with whole-ro
 and with --seq-len chunks, with episode starts (game over, life loss, time limit) inside chunks;
 the acting path against an independent per-env, per-step loop (including V(final observation) on
 truncation); a reset at an episode start equals a fresh sequence from there, with one nn.LSTM call
-per span. A scripted fake of AtariVectorEnv (SameStep autoreset) drives these and the in-process
+per span, and the span-wise replay equals the file's per-step reference (Agent.memory_per_step,
+CleanRL's get_states). A scripted fake of AtariVectorEnv (SameStep autoreset) drives these and the in-process
 runs: resume equivalence (same weights and metrics as the uninterrupted run), the non-finite-loss
 stop, evaluation (capped games, its own RNG). The life/FIRE protocols: FIRE forced after a lost life
 under baselines (masked out of every policy term: surrogate, entropy, advantage statistics, approx
@@ -170,17 +171,6 @@ def scripted_rollout(seq_len, T=24, hidden=16, frame_stack=1, baselines=True):
     ro.restart(run.to_device(envs.reset(seed=0)), agent)
     assert rppo.collect(agent, envs, ro, 0, run) == 2 * T
     return agent, fake, ro
-
-
-def stepwise(agent, obs, state, starts):
-    """Independent reference (CleanRL's loop): one LSTM step at a time, state multiplied by 1 - start."""
-    (h, c), outs = state, []
-    for t in range(len(starts)):
-        keep = (1.0 - starts[t]).view(1, -1, 1)
-        out, (h, c) = agent.lstm(agent.network(obs[t].float() / 255.0)[None], (h * keep, c * keep))
-        outs.append(out[0])
-    out = torch.stack(outs)
-    return agent.actor(out), agent.critic(out).squeeze(-1), (h, c)
 
 
 # ------------------------------------------------------------------ acting and replay
@@ -459,10 +449,13 @@ def test_reset_at_start_equals_fresh_sequence_and_one_lstm_call_per_span():
     with torch.no_grad():
         logits, values, (h, c) = agent(obs, state, starts, starts.any(1))
         assert calls == [3, 3, 4]  # spans [0, 3), [3, 6), [6, 10): starts at 3 and 6 cut the batch
-        ref_logits, ref_values, (ref_h, ref_c) = stepwise(agent, obs, state, starts)
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(values, ref_values, rtol=1e-5, atol=1e-5)
+        # the per-step reference (CleanRL's loop) on the same CNN features
+        features = agent.network(obs.flatten(0, 1).float() / 255.0).view(10, 3, -1)
+        ref_out, (ref_h, ref_c) = agent.memory_per_step(features, state, starts)
+        torch.testing.assert_close(logits, agent.actor(ref_out), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(values, agent.critic(ref_out).squeeze(-1), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c, ref_c, rtol=1e-5, atol=1e-5)
         fresh_logits, fresh_values, _ = agent(
             obs[3:, 1:2], agent.initial_state(1, "cpu"), torch.zeros(7, 1), torch.zeros(7) > 0
         )
@@ -475,6 +468,41 @@ def test_reset_at_start_equals_fresh_sequence_and_one_lstm_call_per_span():
             torch.zeros(10) > 0,
         )
     assert (no_reset_values[3:] - fresh_values).abs().max() > 1e-4  # the reset mattered
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_span_wise_memory_equals_the_per_step_reference(seed):
+    """Agent.memory (one nn.LSTM call per span) against Agent.memory_per_step (CleanRL's
+    get_states: one step at a time, the state zeroed where an episode starts) on random features
+    and state: the same outputs, values and final (h, c). Starts at t = 0, twice in a row in one
+    sequence (t = 4, 5), at consecutive steps in different sequences (5, 6), several at one step,
+    and at the last step."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    agent = rppo.Agent(4, 1, 16)
+    with torch.no_grad():  # a livelier memory than at init, so a missed reset would show
+        agent.lstm.weight_hh_l0.mul_(3.0)
+    L, B = 12, 5
+    x = torch.randn(L, B, 512, generator=generator)
+    state = (torch.randn(1, B, 16, generator=generator), torch.randn(1, B, 16, generator=generator))
+    starts = torch.zeros(L, B)
+    for t, b in [(0, 1), (0, 3), (4, 0), (5, 0), (5, 2), (6, 3), (6, 4), (11, 1)]:
+        starts[t, b] = 1.0
+    calls = []
+    agent.lstm.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
+    with torch.no_grad():
+        out, (h, c) = agent.memory(x, state, starts, starts.any(1))
+        assert calls == [4, 1, 1, 5, 1]  # spans [0, 4), [4, 5), [5, 6), [6, 11), [11, 12)
+        ref_out, (ref_h, ref_c) = agent.memory_per_step(x, state, starts)
+        assert calls[5:] == [1] * L
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+        values = agent.critic(out).squeeze(-1)
+        torch.testing.assert_close(values, agent.critic(ref_out).squeeze(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c, ref_c, rtol=1e-5, atol=1e-5)
+        # control: without the resets the reference differs (the test can fail)
+        no_reset_out, _ = agent.memory_per_step(x, state, torch.zeros(L, B))
+    assert (no_reset_out - ref_out).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------ math
