@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .aggregate import FAMILY_LEVEL, iqm_ci, score_stats
+from .aggregate import FAMILY_LEVEL, iqm_ci, score_stats, smallest_p_value
 from .backends import Callbacks
 from .compare import Comparison, compare
 from .progress import Progress
@@ -315,13 +315,14 @@ class Validation:
     verdict: str
 
 
-def verdict(result: Comparison) -> str:
-    """Whether the tuned set (B) beats the defaults (A), ties or loses, in words."""
+def verdict(result: Comparison, smallest_p: float) -> str:
+    """Whether the tuned set (B) beats the defaults (A), ties or loses, in words; `smallest_p`:
+    the smallest p-value the seed counts allow, below which no verdict can be reached."""
     level = f"family-wise level {result.level:g}"
-    if not result.compared:
+    if not result.compared or smallest_p > result.level / result.compared:
         return (
-            f"no verdict: at these seeds the rank test cannot reach {level} on any preset "
-            "(run more --validation-seeds)"
+            f"no verdict: at these seeds the rank test cannot reach {level} over "
+            f"{max(1, result.compared)} preset(s) (run more --validation-seeds)"
         )
     if result.better and result.worse:
         return (
@@ -341,9 +342,11 @@ def judge(
     defaults: dict[str, Any], tuned_set: dict[str, Any], level: float
 ) -> tuple[str, Comparison]:
     """Compare a tuned set's validation sweep with the defaults' (as `collect` or `load_sweep`
-    give them), as `compare` does."""
+    give them), as `compare` does, and say what it found."""
     result = compare(defaults, tuned_set, level)
-    return verdict(result), result
+    a, b = _scores(defaults), _scores(tuned_set)
+    smallest = min((smallest_p_value(len(b[n]), len(a[n])) for n in a if n in b), default=1.0)
+    return verdict(result, smallest), result
 
 
 def validate(

@@ -171,8 +171,8 @@ def parse_tune(data: Any, where: str) -> TuneTable:
         algo_space=data.get("algo_space", True),
         params=parse_params(data.get("params", {}), where),
     )
-    if table.random is not None and table.random == table.reference:
-        raise ZooError(f"{where}: 'reference' must differ from 'random'")
+    if None not in (table.random, table.reference) and not table.random < table.reference:
+        raise ZooError(f"{where}: 'reference' must be above 'random' (higher scores are better)")
     return table
 
 
@@ -351,10 +351,11 @@ def _anchors(preset: Preset, table: TuneTable) -> tuple[float, float]:
         ),
         None,
     )
-    if random is None or reference is None or random == reference:
+    if random is None or reference is None or not random < reference:
         raise ZooError(
             f"zoo preset '{preset.name}': tune: beside other presets its score is normalised: give "
-            "[<preset>.tune] random (a random policy's score) and, without a target, reference"
+            "[<preset>.tune] random (a random policy's score) and, without a target, reference "
+            "(above random)"
         )
     return float(random), float(reference)
 

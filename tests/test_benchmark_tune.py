@@ -19,14 +19,15 @@ import optuna
 import pytest
 import test_benchmark
 from conftest import ROOT
-from test_benchmark import _wait_for, committed_sweep, preset_toml
+from test_benchmark import GOOD, _wait_for, committed_sweep, preset_toml
 
 sys.path.insert(0, str(ROOT))  # the package, when the project is not pip-installed
 from benchmark.__main__ import main
+from benchmark.aggregate import iqm
 from benchmark.compare import load_sweep
-from benchmark.manifest import load_zoo, tomllib
+from benchmark.manifest import ZooError, load_zoo, tomllib
 from benchmark.tune_report import judge
-from benchmark.tune_space import check_flags, load_algo_spaces
+from benchmark.tune_space import build_study, check_flags, load_algo_spaces
 
 zoo = test_benchmark.zoo  # the fixture: the fake file and a manifest in tmp_path
 
@@ -153,6 +154,34 @@ def test_a_study_stopped_by_sigterm_resumes(tmp_path: Path, zoo):
     assert rows[1]["reason"] == "interrupted" and time.monotonic() - started < 60
 
 
+def test_presets_tuned_together_are_scored_on_normalised_scores(tmp_path: Path, zoo):
+    """Each run's score as (score - random) / (reference - random), the IQM over all of them; a
+    preset without the two scores is refused in one line."""
+    space = "seeds = 2\nparams = { score = { low = 0, high = 200 } }\n"
+    target = GOOD.replace("min = 1", "min = 150")
+    zoo(
+        preset_toml("a") + f"[a.tune]\nrandom = 0\nreference = 100\n{space}",
+        preset_toml("b", target=target) + f"[b.tune]\nrandom = 50\n{space}",
+    )
+    presets = load_zoo(tmp_path / "zoo.toml", tmp_path / "algos")
+    study = build_study(list(presets.values()), tmp_path / "zoo.toml", "x", tmp_path / "runs")
+    assert study.anchors == {"a": (0.0, 100.0), "b": (50.0, 150.0)}  # b's reference: its target
+    records = [
+        {"preset": p, "summary": {"eval_mean": v}} for p, v in [("a", 50), ("a", 100), ("b", 50)]
+    ]
+    assert study.objective(records) == pytest.approx(iqm([0.5, 1.0, 0.0]))
+    jobs = study.trial_jobs({"score": 1}, tmp_path / "runs/trial0000", 1.0)
+    assert [j.key for j in jobs] == ["a/seed1", "a/seed2", "b/seed1", "b/seed2"]
+    curves = {"a/seed1": [(50, 10.0), (100, 20.0)], "a/seed2": [(50, 30.0)]}
+    curves |= {"b/seed1": [(50, 50.0)], "b/seed2": [(50, 150.0), (100, 2.0)]}
+    # Only step 50 has every run's evaluation.
+    assert study.intermediate(jobs, curves) == [(50, pytest.approx(iqm([0.1, 0.3, 0.0, 1.0])))]
+    zoo(preset_toml("a") + f"[a.tune]\n{space}", preset_toml("b") + f"[b.tune]\n{space}")
+    presets = load_zoo(tmp_path / "zoo.toml", tmp_path / "algos")
+    with pytest.raises(ZooError, match="zoo preset 'a': tune: beside other presets its score"):
+        build_study(list(presets.values()), tmp_path / "zoo.toml", "x", tmp_path / "runs")
+
+
 @pytest.mark.parametrize(
     "a, b, said",
     [
@@ -160,11 +189,15 @@ def test_a_study_stopped_by_sigterm_resumes(tmp_path: Path, zoo):
         ([6, 7, 8, 9, 10], [1, 2, 3, 4, 5], "loses to the defaults on p (family-wise level 0.05)"),
         ([1, 3, 5, 7, 9], [2, 4, 6, 8, 10], "ties with the defaults: no difference reaches"),
         ([1, 2, 3], [4, 5, 6], "no verdict: at these seeds the rank test cannot reach"),
+        # Two presets at 4 seeds a side: complete separation gives p = 2 / 70 each, above
+        # Holm's first threshold, 0.05 / 2: no verdict can be reached, which is not a tie.
+        ([1, 2, 3, 4], [5, 6, 7, 8], "no verdict: at these seeds the rank test cannot reach"),
     ],
 )
 def test_the_validation_verdict_on_known_scores(tmp_path: Path, a, b, said):
-    committed_sweep(tmp_path, "defaults", {"p": [float(x) for x in a]})
-    committed_sweep(tmp_path, "tuned", {"p": [float(x) for x in b]})
+    presets = ("p", "q") if len(a) == 4 else ("p",)
+    committed_sweep(tmp_path, "defaults", {p: [float(x) for x in a] for p in presets})
+    committed_sweep(tmp_path, "tuned", {p: [float(x) for x in b] for p in presets})
     text, _ = judge(
         load_sweep("defaults", tmp_path, tmp_path), load_sweep("tuned", tmp_path, tmp_path), 0.05
     )
