@@ -119,6 +119,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
+    """D4PG's flags: the common ones first, then the algorithm's (details and deviations above)."""
+
     env_id: str = "Pendulum-v1"
     """Gymnasium id with Box actions and flat Box observations"""
     seed: int = 1

@@ -98,7 +98,6 @@ import signal
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -112,14 +111,12 @@ from torch.utils.tensorboard import SummaryWriter
 
 # Ornstein-Uhlenbeck mean reversion (paper / DDPG, Lillicrap et al. 2015).
 OU_THETA = 0.15
-# Checkpoint key prefixes of the acting network and its twin (deviation h).
-NET_KEYS = ("", "twin_")
-# The Args fields, besides hidden_dim, that NAFNetwork takes.
-NET_OPTIONS = ("head_init_scale", "normalize_obs", "layer_norm")
 
 
 @dataclass
 class Args:
+    """NAF's flags: the common ones first, then the algorithm's (details and deviations above)."""
+
     env_id: str = "Pendulum-v1"
     """Gymnasium id (Box actions, flat Box observations)"""
     seed: int = 1
@@ -200,7 +197,8 @@ class Args:
 
 
 # ---------------------------------------------------------------- environment
-def make_envs(env_id, num_envs):
+def make_envs(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """The training vector env, in NEXT_STEP autoreset mode (detail 5)."""
     make_env(env_id).close()  # validated once, with one-line errors
     # NEXT_STEP autoreset on purpose (detail 5): step_and_store drops the reset step.
     mode = gym.vector.AutoresetMode.NEXT_STEP
@@ -220,7 +218,8 @@ class NAFNetwork(nn.Module):
         self, obs_dim, act_dim, hidden_dim, head_init_scale=1, normalize_obs=False, layer_norm=False
     ):
         super().__init__()
-        self.act_dim, self.normalize_obs = act_dim, normalize_obs
+        self.act_dim = act_dim
+        self.normalize_obs = normalize_obs
         # Without LayerNorm (deviation i) the keys stay trunk.0 and trunk.2.
         layers = []
         for n_in in (obs_dim, hidden_dim):
@@ -239,44 +238,66 @@ class NAFNetwork(nn.Module):
         moments = torch.zeros(3, obs_dim, dtype=torch.float64)
         self.register_buffer("obs_moments", moments, persistent=normalize_obs)
 
-    def observe(self, obs):
-        x = to_device(obs, self.obs_moments.device).double()
-        self.obs_moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), (x * x).sum(0)])
+    def observe(self, obs: np.ndarray) -> None:
+        """Add a step's observations [num_envs, obs_dim] to the moments (deviation e)."""
+        x = torch.as_tensor(obs, device=self.obs_moments.device).double()  # [n, obs_dim]
+        count = torch.full_like(x[0], len(x))
+        self.obs_moments += torch.stack([count, x.sum(0), (x * x).sum(0)])  # [3, obs_dim]
 
-    def features(self, x):
-        # With deviation e the trunk reads clip((x - mean) / sqrt(var + 1e-8), -10, 10); the
-        # clamp on the count keeps it finite before the first observation.
-        if self.normalize_obs:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The trunk's output h(x) [B, hidden_dim]."""
+        if self.normalize_obs:  # deviation e: clip((x - mean) / sqrt(var + 1e-8), -10, 10)
+            # the clamp on the count keeps it finite before the first observation
             mean, mean_sq = self.obs_moments[1:] / self.obs_moments[0].clamp(min=1.0)
             std = ((mean_sq - mean.square()).clamp(min=0.0) + 1e-8).sqrt()
             x = ((x - mean) / std).clamp(-10.0, 10.0).float()
         return self.trunk(x)
 
-    def value(self, x, sigma=0.0, floor=0.0):
-        # V(x); with deviation j's sigma > 0, E Q(x, mu + eps) = V - sigma^2/2 tr P, where
-        # tr(L L^T + floor I) = |L|_F^2 + floor |A|. V alone needs neither the mu nor the L head.
+    def value(self, x: torch.Tensor, sigma: float = 0.0, floor: float = 0.0) -> torch.Tensor:
+        """V(x) [B], which is max_u Q(x, u); V alone needs neither the mu nor the L head."""
         if sigma == 0.0:
             return self.v_head(self.features(x)).squeeze(-1)
+        # deviation j: E Q(x, mu + eps) = V - sigma^2/2 tr P, eps ~ N(0, sigma^2 I), where
+        # tr(L L^T + floor I) = |L|_F^2 + floor |A|
         V, _, L, _ = self(x)
         return V - 0.5 * sigma**2 * (L.square().sum((1, 2)) + floor * self.act_dim)
 
-    def forward(self, x):
-        # V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|].
+    def forward(self, x: torch.Tensor):
+        """V(x) [B], mu(x) [B, |A|] in [-1, 1], L(x) [B, |A|, |A|] and mu before tanh [B, |A|]."""
         h = self.features(x)
-        L = h.new_zeros(x.shape[0], self.act_dim, self.act_dim)
-        L[:, self.tril[0], self.tril[1]] = self.l_head(h)
-        # exp on the diagonal makes P = L L^T positive definite (paper, Section 4).
-        L = torch.tril(L, diagonal=-1) + torch.diag_embed(torch.diagonal(L, dim1=1, dim2=2).exp())
+        L = lower_triangular(self.l_head(h), self.tril, self.act_dim)
         pre_tanh = self.mu_head(h)
         return self.v_head(h).squeeze(-1), torch.tanh(pre_tanh), L, pre_tanh
 
 
+def lower_triangular(entries: torch.Tensor, tril: torch.Tensor, act_dim: int) -> torch.Tensor:
+    """L(x) [B, |A|, |A|] from its |A|(|A|+1)/2 entries [B, |A|(|A|+1)/2], filled row by row
+    at the indices `tril` [2, |A|(|A|+1)/2]; the diagonal exponentiated, so that P = L L^T is
+    positive definite (paper, Section 4)."""
+    L = entries.new_zeros(entries.shape[0], act_dim, act_dim)
+    L[:, tril[0], tril[1]] = entries
+    diagonal = torch.diagonal(L, dim1=1, dim2=2)  # [B, |A|]
+    return torch.tril(L, diagonal=-1) + torch.diag_embed(diagonal.exp())
+
+
+def share_observation_moments(nets: nn.ModuleList, target_nets: nn.ModuleList) -> None:
+    """One set of observation statistics for x and x' (deviation e): every network, twin and
+    target reads the acting network's moments buffer, which only train() updates."""
+    moments = nets[0].obs_moments
+    for other in (*nets[1:], *target_nets):
+        other.obs_moments = moments
+
+
 # ---------------------------------------------------------------- NAF math
 def advantage(u, mu, L, floor=0.0):
-    """A(x, u) = -1/2 (u - mu)^T P (u - mu), P = L L^T + floor I (0: the paper; deviation f)."""
-    P = L @ L.transpose(1, 2) + floor * torch.eye(L.shape[-1], device=L.device)
-    d = (u - mu).unsqueeze(-1)
-    return -0.5 * (d.transpose(1, 2) @ P @ d).squeeze(-1).squeeze(-1)
+    """A(x, u) = -1/2 (u - mu)^T P (u - mu), P = L L^T (the paper) + floor I (deviation f).
+
+    u, mu [B, |A|]; L [B, |A|, |A|]; returns [B].
+    """
+    P = L @ L.transpose(1, 2) + floor * torch.eye(L.shape[-1], device=L.device)  # [B, |A|, |A|]
+    d = (u - mu).unsqueeze(-1)  # [B, |A|, 1]
+    quadratic = d.transpose(1, 2) @ P @ d  # [B, 1, 1] = d^T P d
+    return -0.5 * quadratic.squeeze(-1).squeeze(-1)
 
 
 def q_value(V, mu, L, u, floor=0.0):
@@ -289,26 +310,39 @@ def td_target(r, terminated, V_next, gamma):
     return r + gamma * (1.0 - terminated) * V_next
 
 
-# Returns (loss, TD, Q(x, u)): TD = mean (y - Q(x, u))^2 and Q of the first network. The loss
-# sums TD + penalty * mean((mu before tanh)^2) (deviation g) over the networks, and y takes the
-# smallest V'(x') of the target networks (deviation h), smoothed by sigma (deviation j).
 def naf_loss(nets, target_nets, batch, gamma, floor=0.0, penalty=0.0, sigma=0.0):
+    """The NAF loss, the TD error mean (y - Q(x, u))^2 of the acting network, and its Q(x, u).
+
+    The paper (Section 4), one network and its target:
+        y = r + gamma (1 - terminated) V'(x'),   loss = mean_batch (y - Q(x, u))^2
+    `nets` and `target_nets` hold one network each, or two with deviation h; `floor` is deviation
+    f (inside Q and V'), `sigma` deviation j (inside V'), `penalty` deviation g.
+    """
+    obs, actions = batch["obs"], batch["actions"]
     with torch.no_grad():
-        V_next = torch.stack([t.value(batch["next_obs"], sigma, floor) for t in target_nets])
-        y = td_target(batch["rewards"], batch["terminated"], V_next.amin(0), gamma)
-    outputs = [net(batch["obs"]) for net in nets]
-    qs = [q_value(V, mu, L, batch["actions"], floor) for V, mu, L, _ in outputs]
-    tds = [F.mse_loss(q, y) for q in qs]
-    penalties = [penalty * pre_tanh.square().mean() for *_, pre_tanh in outputs]
-    return sum(td + p for td, p in zip(tds, penalties)), tds[0].detach(), qs[0].detach()
+        V_next = target_nets[0].value(batch["next_obs"], sigma, floor)  # V'(x') [B]
+        if len(target_nets) == 2:  # deviation h: TD3's clipped double Q, the smaller V'(x')
+            V_next = torch.minimum(V_next, target_nets[1].value(batch["next_obs"], sigma, floor))
+        y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)  # [B]
+
+    losses, tds, qs = [], [], []
+    for net in nets:  # the paper's single network; with deviation h each twin is fitted to y
+        V, mu, L, pre_tanh = net(obs)
+        q = q_value(V, mu, L, actions, floor)  # Q(x, u) [B]
+        td = F.mse_loss(q, y)
+        loss = td
+        if penalty > 0:  # deviation g: pull mu back from tanh's flat tails
+            loss = td + penalty * pre_tanh.square().mean()
+        losses.append(loss)
+        tds.append(td)
+        qs.append(q)
+    total = losses[0]
+    if len(losses) == 2:  # deviation h: one loss, the sum over the twins
+        total = total + losses[1]
+    return total, tds[0].detach(), qs[0].detach()
 
 
-@torch.no_grad()
-def soft_update(target, source, tau):
-    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
-
-
-def exploration_noise(kind, state, scale, rng):
+def exploration_noise(kind: str, state: np.ndarray, scale: float, rng: np.random.Generator):
     """(noise, new OU state). OU: x <- x - theta x + sigma N(0, 1) (dt = 1)."""
     eps = scale * rng.standard_normal(state.shape)
     if kind == "gaussian":
@@ -317,7 +351,7 @@ def exploration_noise(kind, state, scale, rng):
     return state, state
 
 
-def noise_scale(args, step):
+def noise_scale(args: Args, step: int) -> float:
     """sigma at `step`: linear from noise_scale to final_noise_scale, then held (detail 3)."""
     if args.final_noise_scale is None or args.noise_decay_steps <= 0:
         return args.noise_scale
@@ -330,38 +364,46 @@ class ReplayBuffer:
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
 
-    def __init__(self, capacity, obs_dim, act_dim):
-        self.capacity, self.ptr, self.size = capacity, 0, 0
-        self.obs, self.next_obs = np.zeros((2, capacity, obs_dim), np.float32)
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int):
+        self.capacity = capacity
+        self.ptr = 0
+        self.size = 0
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
         self.actions = np.zeros((capacity, act_dim), np.float32)
-        self.rewards, self.terminated = np.zeros((2, capacity), np.float32)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.terminated = np.zeros(capacity, np.float32)
 
-    def add(self, *transitions):
-        # Batches of (obs, actions, rewards, next_obs, terminated), in FIELDS' order.
+    def add(self, *transitions) -> None:
+        """Store a batch of (obs, actions, rewards, next_obs, terminated), in FIELDS' order."""
         n = len(transitions[0])
         idx = (self.ptr + np.arange(n)) % self.capacity
         for name, value in zip(self.FIELDS, transitions):
             getattr(self, name)[idx] = value
-        self.ptr, self.size = (self.ptr + n) % self.capacity, min(self.size + n, self.capacity)
+        self.ptr = (self.ptr + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
 
-    def sample(self, batch_size, rng, device):
+    def sample(self, batch_size: int, rng: np.random.Generator) -> dict:
+        """A uniform minibatch, as numpy arrays by field."""
         idx = rng.integers(0, self.size, batch_size)
-        return {k: to_device(getattr(self, k)[idx], device) for k in self.FIELDS}
+        return {k: getattr(self, k)[idx] for k in self.FIELDS}
 
-    def state_dict(self):
-        # Copies of the filled part only: torch.save of a view would write the whole array.
+    def state_dict(self) -> dict:
+        """Copies of the filled part only: torch.save of a view would write the whole array."""
         filled = {k: torch.from_numpy(getattr(self, k)[: self.size].copy()) for k in self.FIELDS}
         return {"ptr": self.ptr, "size": self.size, **filled}
 
-    def load_state_dict(self, state):
-        self.ptr, self.size = int(state["ptr"]), int(state["size"])
+    def load_state_dict(self, state: dict) -> None:
+        """Put back what state_dict() saved."""
+        self.ptr = int(state["ptr"])
+        self.size = int(state["size"])
         for k in self.FIELDS:
             getattr(self, k)[: self.size] = state[k].numpy()
 
 
-# One vector step that stores only real transitions (detail 5); it returns the step's outputs,
-# the last one the mask of envs whose next step is an autoreset.
 def step_and_store(envs, buffer, obs, actions, autoreset):
+    """One vector step that stores only real transitions (detail 5): the step's outputs, the
+    last one the mask of envs whose next step is an autoreset."""
     space = envs.single_action_space
     next_obs, rewards, terminated, truncated, _ = envs.step(
         scale_action(actions, space.low, space.high)
@@ -372,151 +414,206 @@ def step_and_store(envs, buffer, obs, actions, autoreset):
     return next_obs, rewards, terminated, truncated, terminated | truncated
 
 
-# One gradient step (its norm clipped over all networks), then the soft target update.
-def update(nets, target_nets, optimizer, batch, args):
-    terms = dict(floor=args.curvature_floor, penalty=args.pre_tanh_penalty, sigma=args.target_noise)
-    loss, td, q = naf_loss(nets, target_nets, batch, gamma=args.gamma, **terms)
+def update(nets, target_nets, optimizer, batch: dict, args: Args):
+    """One gradient step on naf_loss (its norm clipped over all networks, deviation d), then the
+    soft target update theta' <- tau theta + (1 - tau) theta'; (loss, TD error, Q(x, u))."""
+    loss, td, q = naf_loss(
+        nets,
+        target_nets,
+        batch,
+        gamma=args.gamma,
+        floor=args.curvature_floor,
+        penalty=args.pre_tanh_penalty,
+        sigma=args.target_noise,
+    )
     optimizer.zero_grad()
     loss.backward()
     if args.max_grad_norm > 0:
         nn.utils.clip_grad_norm_(nets.parameters(), args.max_grad_norm)
     optimizer.step()
-    soft_update(target_nets, nets, args.tau)
+    Run.polyak(target_nets, nets, args.tau)
     return loss.detach(), td, q
 
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    check_args(args)
+    """NAF (Gu et al. 2016, Algorithm 1 without the model-based part) with --num-envs
+    synchronous environments."""
+    # Algorithm 1, as this loop runs it (every env step):
+    #  1. act: u = mu(x) + N (OU or Gaussian), clipped to [-1, 1];
+    #     uniform random actions before --learning-starts              -> exploration_noise
+    #  2. step the envs, store (x, u, r, x', terminated), never a reset step -> step_and_store
+    #  3. --updates-per-step times per env step:
+    #     a. sample a minibatch                                           -> ReplayBuffer.sample
+    #     b. y = r + gamma (1 - terminated) V'(x'); minimise (y - Q(x, u))^2   -> naf_loss
+    #     c. theta' <- tau theta + (1 - tau) theta'                       -> update
+    #  4. log episodes and losses; evaluate and checkpoint as their intervals pass (run.*)
+    run = Run(args, checks=check_args(args))
     if args.eval_only:
-        return eval_only(args)
-    device = seed_and_pick_device(args)
-    # rng draws the replay samples, the exploration noise and the random actions.
-    rng = np.random.default_rng(args.seed)
+        return eval_only(args, run)
+    rng = np.random.default_rng(args.seed)  # replay samples, exploration noise, random actions
+
+    # set-up: envs, the network (and its twin), targets, optimizer, replay
     envs = make_envs(args.env_id, args.num_envs)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     act_dim = envs.single_action_space.shape[0]
-    options = {k: getattr(args, k) for k in NET_OPTIONS}
     nets = nn.ModuleList(
-        NAFNetwork(obs_dim, act_dim, args.hidden_dim, **options) for _ in range(1 + args.twin_q)
-    ).to(device)
-    # nets[0] acts and is evaluated.
-    target_nets, net = copy.deepcopy(nets), nets[0]
-    # One set of statistics for x and x' (deviation e).
-    for other in (*nets[1:], *target_nets):
-        other.obs_moments = net.obs_moments
+        NAFNetwork(
+            obs_dim,
+            act_dim,
+            args.hidden_dim,
+            head_init_scale=args.head_init_scale,
+            normalize_obs=args.normalize_obs,
+            layer_norm=args.layer_norm,
+        )
+        for _ in range(1 + args.twin_q)
+    ).to(run.device)
+    target_nets = copy.deepcopy(nets)
+    net = nets[0]  # the network that acts and is evaluated
+    share_observation_moments(nets, target_nets)
     optimizer = torch.optim.Adam(nets.parameters(), lr=args.learning_rate, fused=True)
-    learn = compiled(update, args, device)
+    learn = run.compile(update)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
-    global_step, ou_state, num_updates = restore(args, nets, target_nets, optimizer, buffer, rng)
+    global_step, progress = restore(run, args, nets, target_nets, optimizer, buffer, rng)
     obs, _ = envs.reset(seed=args.seed + global_step)
-    autoreset = np.zeros(args.num_envs, bool)
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
-    evaluate_policy = partial(evaluate, net, args.env_id, args.eval_episodes, args.seed, device)
+    autoreset = np.zeros(args.num_envs, bool)  # envs whose next step only resets them
+    ep_return = np.zeros(args.num_envs)
+    ep_length = np.zeros(args.num_envs, int)
 
-    def state():
-        return checkpoint_state(nets, target_nets, optimizer, buffer, ou_state, num_updates, rng)
+    def state() -> dict:
+        """The checkpoint (detail 8), at this moment."""
+        return checkpoint_state(nets, target_nets, optimizer, buffer, progress, rng)
 
-    stop, run_dir = stop_signal(), run_dir_for(args, args.resume)
-    with RunLogger(args, run_dir, global_step, args.total_steps, args.resume is not None) as log:
-        while global_step < args.total_steps and not stop:
+    def evaluate_policy(video_dir: Path | None) -> list[float]:
+        """The deterministic policy's returns (detail 7)."""
+        return evaluate(net, args.env_id, args.eval_episodes, args.seed, run.device, video_dir)
+
+    with run.start(global_step, args.total_steps, state=state, evaluate=evaluate_policy):
+        while global_step < args.total_steps and not run.stop:
+            # 1. act
             if global_step < args.learning_starts:
                 actions = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
             else:
                 with torch.inference_mode():
-                    mu = net(to_device(obs, device).float())[1]
+                    _, mu, _, _ = net(run.to_device(obs).float())
                 sigma = noise_scale(args, global_step)
-                noise, ou_state = exploration_noise(args.noise, ou_state, sigma, rng)
+                noise, progress.ou_state = exploration_noise(
+                    args.noise, progress.ou_state, sigma, rng
+                )
                 actions = np.clip(mu.cpu().numpy() + noise, -1.0, 1.0).astype(np.float32)
-            # The env ignores an autoreset step's action: a new episode's noise starts at 0.
-            ou_state[autoreset] = 0.0
+            # the env ignores an autoreset step's action: a new episode's noise starts at 0
+            progress.ou_state[autoreset] = 0.0
+
+            # 2. step and store
             obs, rewards, _, _, done = step_and_store(envs, buffer, obs, actions, autoreset)
             if args.normalize_obs:
                 net.observe(obs)
-            # A reset step belongs to no episode.
-            ep_return += rewards * ~autoreset
+            ep_return += rewards * ~autoreset  # a reset step belongs to no episode
             ep_length += ~autoreset
-            autoreset, prev_step, global_step = done, global_step, global_step + args.num_envs
+            autoreset = done
+            previous_step = global_step
+            global_step += args.num_envs
             for i in np.flatnonzero(done):
-                log.episode(global_step, ep_return[i], ep_length[i])
-                ep_return[i], ep_length[i] = 0.0, 0
+                run.episode(global_step, ep_return[i], ep_length[i])
+                ep_return[i] = 0.0
+                ep_length[i] = 0
+
+            # 3. learn
             if global_step >= args.learning_starts and buffer.size >= args.batch_size:
                 for _ in range(args.updates_per_step * args.num_envs):
-                    batch = buffer.sample(args.batch_size, rng, device)
-                    if args.compile:  # CUDA graphs: the last update's outputs are read by now
-                        torch.compiler.cudagraph_mark_step_begin()
+                    batch = buffer.sample(args.batch_size, rng)
+                    batch = {k: run.to_device(v) for k, v in batch.items()}
+                    run.graph_step()
                     loss, td, q = learn(nets, target_nets, optimizer, batch, args)
-                    num_updates += 1
-                log.check_finite(loss, global_step)
-                if every(global_step, prev_step, 100):  # as CleanRL
-                    log.scalars(global_step, {"losses/td_loss": td, "losses/q_values": q.mean()})
-            if every(global_step, prev_step, 1000) or global_step >= args.total_steps or stop:
-                sps = {"charts/SPS": log.sps(global_step)}
-                log.scalars(global_step, {**sps, "charts/learning_rate": args.learning_rate})
-            log.end_iteration(global_step, stop, evaluate_policy, state)
+                    progress.num_updates += 1
+                run.check_finite(loss, global_step)
+                if Run.every(global_step, previous_step, 100):  # as CleanRL
+                    run.log(global_step, {"losses/td_loss": td, "losses/q_values": q.mean()})
+
+            # 4. log
+            due = Run.every(global_step, previous_step, 1000)
+            if due or global_step >= args.total_steps or run.stop:
+                charts = {"charts/SPS": run.sps(global_step)}
+                charts["charts/learning_rate"] = args.learning_rate
+                run.log(global_step, charts)
+            run.end_iteration(global_step)
         envs.close()
-        log.finish(global_step, stop, evaluate_policy, state, num_updates=num_updates)
+        run.finish(global_step, num_updates=progress.num_updates)
 
 
 # ---------------------------------------------------------------- checks, checkpoints, evaluation
-def check_args(args: Args) -> None:
+# Checkpoint key prefixes of the acting network and its twin (deviation h).
+NET_KEYS = ("", "twin_")
+# The Args fields, besides hidden_dim, that NAFNetwork takes.
+NET_OPTIONS = ("head_init_scale", "normalize_obs", "layer_norm")
+
+
+def check_args(args: Args) -> list[tuple[bool, str]]:
+    """The file's own argument checks, as (condition, message) rows for Run."""
     positive = "num_envs batch_size hidden_dim updates_per_step learning_rate head_init_scale"
     non_negative = "learning_starts noise_scale final_noise_scale noise_decay_steps max_grad_norm"
-    # `or 0`: None is allowed.
     non_negative += " curvature_floor pre_tanh_penalty target_noise"
     rows = [(getattr(args, k) > 0, f"--{k} must be positive") for k in positive.split()]
+    # `or 0`: None is allowed
     rows += [((getattr(args, k) or 0) >= 0, f"--{k} must be >= 0") for k in non_negative.split()]
     rows += [
         (args.buffer_size >= args.batch_size, "--buffer-size must be at least --batch-size"),
         (0 < args.tau <= 1, "--tau must be in (0, 1]"),
         (0 <= args.gamma <= 1, "--gamma must be in [0, 1]"),
     ]
-    check_flags(args, [(ok, message.replace("_", "-")) for ok, message in rows])
+    return [(ok, message.replace("_", "-")) for ok, message in rows]
 
 
-def checkpoint_state(nets, target_nets, optimizer, buffer, ou_state, num_updates, rng):
-    state = {"num_updates": num_updates, "optimizer": optimizer.state_dict()}
+@dataclass
+class Progress:
+    """What a checkpoint keeps of the loop besides the networks and the replay: the OU noise
+    state [num_envs, |A|] and the gradient updates done."""
+
+    ou_state: np.ndarray
+    num_updates: int
+
+
+def checkpoint_state(nets, target_nets, optimizer, buffer, progress: Progress, rng) -> dict:
+    """Detail 8's checkpoint: networks, optimizer, replay, OU state and generators."""
+    state = {"num_updates": progress.num_updates, "optimizer": optimizer.state_dict()}
     for prefix, net, target_net in zip(NET_KEYS, nets, target_nets):
-        state |= {prefix + "net": net.state_dict(), prefix + "target_net": target_net.state_dict()}
-    state |= {"replay_buffer": buffer.state_dict(), "ou_state": torch.from_numpy(ou_state.copy())}
-    return state | {"rng": rng_state(torch=torch.default_generator, numpy=rng)}
+        state[prefix + "net"] = net.state_dict()
+        state[prefix + "target_net"] = target_net.state_dict()
+    state["replay_buffer"] = buffer.state_dict()
+    state["ou_state"] = torch.from_numpy(progress.ou_state.copy())
+    state["rng"] = Run.rng_state(torch=torch.default_generator, numpy=rng)
+    return state
 
 
-# --resume's checkpoint loaded into the learner; returns (global_step, OU state, updates).
-def restore(args, nets, target_nets, optimizer, buffer, rng):
-    if not args.resume:
-        return 0, np.zeros((args.num_envs, nets[0].act_dim)), 0
+def restore(run: Run, args, nets, target_nets, optimizer, buffer, rng) -> tuple[int, Progress]:
+    """--resume's checkpoint loaded into the learner: its global step and progress; a fresh
+    start without one."""
     same = ("hidden_dim", "num_envs", "buffer_size", "normalize_obs", "twin_q", "layer_norm")
-    ckpt = resume_checkpoint(args, same)
+    ckpt = run.resume_checkpoint(same)
+    if ckpt is None:
+        return 0, Progress(np.zeros((args.num_envs, nets[0].act_dim)), 0)
     for prefix, net, target_net in zip(NET_KEYS, nets, target_nets):
         net.load_state_dict(ckpt[prefix + "net"])
         target_net.load_state_dict(ckpt[prefix + "target_net"])
     optimizer.load_state_dict(ckpt["optimizer"])
     buffer.load_state_dict(ckpt["replay_buffer"])
-    set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
-    return ckpt["global_step"], ckpt["ou_state"].numpy().copy(), ckpt["num_updates"]
+    Run.set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
+    progress = Progress(ckpt["ou_state"].numpy().copy(), ckpt["num_updates"])
+    return ckpt["global_step"], progress
 
 
-# Through pinned memory on a GPU, so that the copy does not block the host; the caching host
-# allocator keeps the pinned block until the copy is done.
-def to_device(array, device):
-    x = torch.from_numpy(array)
-    return (x.pin_memory() if torch.device(device).type == "cuda" else x).to(
-        device, non_blocking=True
-    )
-
-
-# gym.make; unknown ids and spaces naf.py cannot use stop with one line.
-def make_env(env_id, render_mode=None):
+def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
+    """gym.make; unknown ids and spaces naf.py cannot use stop with one line."""
     if env_id not in gym.registry and importlib.util.find_spec("ale_py"):
-        # Atari ids, refused below.
+        # Atari ids, refused below
         gym.register_envs(importlib.import_module("ale_py"))
     try:
         env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
-    # Unknown id, missing module or dependency.
-    except Exception as e:
-        raise fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]})")
-    obs_space, act_space, problem = env.observation_space, env.action_space, None
+    except Exception as e:  # unknown id, missing module or dependency
+        raise Run.fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]})")
+    obs_space = env.observation_space
+    act_space = env.action_space
+    problem = None
     if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) > 1:
         problem = "has image observations; use ppo_atari.py or dqn_atari.py"
     elif isinstance(act_space, gym.spaces.Discrete):
@@ -527,220 +624,304 @@ def make_env(env_id, render_mode=None):
         problem = "has unbounded actions; naf.py needs finite action bounds"
     if problem:
         env.close()
-        raise fail(f"{env_id} {problem}")
+        raise Run.fail(f"{env_id} {problem}")
     return env
 
 
-# Deterministic returns, u = mu(x), episode i seeded seed + 10_000 + i (detail 7).
-def evaluate(net, env_id, episodes, seed, device, video_dir=None):
+def evaluate(net, env_id, episodes, seed, device, video_dir=None) -> list[float]:
+    """Deterministic returns, u = mu(x), episode i seeded seed + 10_000 + i (detail 7)."""
     env = make_env(env_id, render_mode="rgb_array" if video_dir else None)
     if video_dir:
         env = gym.wrappers.RecordVideo(env, str(video_dir), lambda _: True, disable_logger=True)
-    low, high, returns = env.action_space.low, env.action_space.high, []
+    low = env.action_space.low
+    high = env.action_space.high
+    returns = []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + 10_000 + i)
-        done, total = False, 0.0
+        done = False
+        total = 0.0
         while not done:
             with torch.inference_mode():
-                mu = net(to_device(obs[None], device).float())[1]
-            obs, reward, terminated, truncated, _ = env.step(
-                scale_action(mu[0].cpu().numpy(), low, high)
-            )
-            total, done = total + float(reward), terminated or truncated
+                _, mu, _, _ = net(torch.as_tensor(obs[None], device=device).float())
+            action = scale_action(mu[0].cpu().numpy(), low, high)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
 
 
-# --checkpoint evaluated with its own env, network and seed: the run's final evaluation again.
-def eval_only(args: Args) -> None:
-    ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
+def eval_only(args: Args, run: Run) -> None:
+    """--checkpoint evaluated with its own env, network and seed: the run's final evaluation
+    again."""
+    ckpt = Run.load_checkpoint(args.checkpoint)
     saved = ckpt["args"]
-    # Its spaces size the network.
-    with make_env(ckpt["env_id"]) as env:
-        obs_dim, act_dim = int(np.prod(env.observation_space.shape)), env.action_space.shape[0]
+    with make_env(ckpt["env_id"]) as env:  # its spaces size the network
+        obs_dim = int(np.prod(env.observation_space.shape))
+        act_dim = env.action_space.shape[0]
     options = {k: saved[k] for k in NET_OPTIONS if k in saved}
-    net = NAFNetwork(obs_dim, act_dim, saved["hidden_dim"], **options).to(device)
+    net = NAFNetwork(obs_dim, act_dim, saved["hidden_dim"], **options).to(run.device)
     net.load_state_dict(ckpt["net"])
-    video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
-    returns = evaluate(net, ckpt["env_id"], args.eval_episodes, saved["seed"], device, video_dir)
-    write_eval_only(args, ckpt, returns)
+    returns = evaluate(
+        net, ckpt["env_id"], args.eval_episodes, saved["seed"], run.device, run.video_dir
+    )
+    run.write_eval_only(ckpt, returns)
 
 
-# ===== run harness: the same text in every file of algos/ (tests/test_harness.py compares them),
-# no algorithm knowledge: errors, checks, seeding, checkpoints, signals and the run's outputs
-# (README.md's "Usage" says what a run writes). Change it in one file, then copy it to the others.
-SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+# ===== run harness: the same text in every file of algos/, written from benchmark/run_harness.py
+# by `python -m benchmark harness`. No algorithm knowledge: flag checks, seeding and the device,
+# checkpoints, stop signals and the run's outputs (README.md's "Usage" says what a run writes).
+# The code above reaches all of it through one name, `run` (the class `Run`): skip those lines
+# to read the algorithm alone.
+SCRIPT = Path(__file__).name
+ALGO = Path(__file__).stem
 
 
-def fail(message: str) -> SystemExit:
-    """`raise fail(...)`: one line on stderr and exit status 1."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
+class Run:
+    """One training run's plumbing: checks, seeding, device, signals, logs and checkpoints.
 
+    run = Run(args, checks)                    # check the flags, seed, pick run.device,
+                                               # catch SIGINT/SIGTERM in run.stop
+    ckpt = run.resume_checkpoint(same=(...))   # --resume's checkpoint, or None
+    with run.start(step, total, state=..., evaluate=...):   # config.json, TensorBoard
+        while step < total and not run.stop:
+            ...                                # the algorithm; run.episode(...), run.log(...)
+            run.end_iteration(step)            # evaluations, checkpoints, progress as due
+        run.finish(step)                       # checkpoint, final evaluation, summary.json
 
-def check_flags(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first false (condition, message) row, the common flags' rows first."""
-    intervals = min(args.eval_interval, args.checkpoint_interval)
-    cuda = args.device != "cuda" or torch.cuda.is_available()
-    common = [
-        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
-        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-        (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
-        (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
-    ]
-    for ok, message in common + rows:
-        if not ok:
-            raise fail(message)
+    `state()` returns the file's checkpoint dict; `evaluate(video_dir)` returns the evaluation's
+    returns, or (returns, {"eval_<name>": value}).
+    """
 
+    def __init__(self, args, checks: list[tuple[bool, str]] = ()) -> None:
+        """Stop at the first failed check (the common flags' first), then seed and pick the
+        device; --run-dir must not name a file."""
+        Run.check_flags(args, list(checks))
+        self.args = args
+        self.device = Run.seed_and_pick_device(args)
+        self.run_dir = Run.run_dir_for(args, args.checkpoint if args.eval_only else args.resume)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise Run.fail(f"--run-dir {self.run_dir} is a file; pass a folder's path")
+        self.checkpoint = self.run_dir / "checkpoints" / "latest.pt"
+        self.stop: list[int] = []  # made true by the first SIGINT or SIGTERM
+        if not args.eval_only:
+            catch_stop_signals(self.stop)
 
-def seed_and_pick_device(args) -> torch.device:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
-    for seed in (random.seed, np.random.seed, torch.manual_seed):  # torch: CPU and every GPU
-        seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
+    # ------------------------------------------------------------ errors and checks
+    @staticmethod
+    def fail(message: str) -> SystemExit:
+        """`raise Run.fail(...)`: one line on stderr and exit status 1."""
+        return SystemExit(f"{SCRIPT}: error: {message}")
 
+    @staticmethod
+    def check_flags(args, rows: list[tuple[bool, str]]) -> None:
+        """Stop at the first false (condition, message) row, the common flags' rows first."""
+        intervals = min(args.eval_interval, args.checkpoint_interval)
+        cuda = args.device != "cuda" or torch.cuda.is_available()
+        wandb = not args.track or importlib.util.find_spec("wandb")
+        common = [
+            (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+            (
+                args.eval_episodes >= 1,
+                f"--eval-episodes must be at least 1, got {args.eval_episodes}",
+            ),
+            (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
+            (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+            (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
+            (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
+            (wandb, "--track needs wandb (pip install)"),
+        ]
+        for ok, message in common + rows:
+            if not ok:
+                raise Run.fail(message)
 
-def compiled(fn, args, device: torch.device):
-    """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
-    if not args.compile:
-        return fn
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default")
+    @staticmethod
+    def every(step: int, previous_step: int, interval: int) -> bool:
+        """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
+        return interval > 0 and step // interval != previous_step // interval
 
+    # ------------------------------------------------------------ seeding, device, speed
+    @staticmethod
+    def seed_and_pick_device(args) -> torch.device:
+        """Seed python, numpy's global generator and torch (CPU and every GPU); the device."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed)
+        torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        return torch.device("cuda" if cuda else "cpu")
 
-def rng_state(**generators) -> dict:
-    """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
-    state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
-    state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
-    cuda = torch.cuda.is_initialized()
-    return state | ({"cuda": torch.cuda.get_rng_state_all()} if cuda else {})
+    def compile(self, fn):
+        """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
+        if not self.args.compile:
+            return fn
+        mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        return torch.compile(fn, mode=mode)
 
+    def graph_step(self) -> None:
+        """Before a compiled step on CUDA: the previous step's outputs have been read, so its CUDA
+        graph may overwrite them."""
+        if self.args.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
 
-def set_rng_state(state: dict, **generators) -> None:
-    for name, g in generators.items():
-        if hasattr(g, "set_state"):
-            g.set_state(state[name])
-        else:
-            g.bit_generator.state = state[name]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    def to_device(self, array: np.ndarray | torch.Tensor, dtype: torch.dtype | None = None):
+        """`array` as a tensor on the run's device (converted to `dtype` on the host first). To a
+        GPU it goes through pinned memory, so the host does not wait for the copy; the caching
+        host allocator keeps the pinned block until the copy is done."""
+        x = torch.as_tensor(array)
+        if dtype is not None:
+            x = x.to(dtype)
+        if self.device.type == "cuda":
+            x = x.pin_memory()
+        return x.to(self.device, non_blocking=True)
 
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+        """A zeroed host tensor to stage data for the device (pinned on a GPU run)."""
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
 
-def write_atomic(path: Path, data: dict) -> None:  # a kill mid-write leaves the last one whole
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
-    os.replace(tmp, path)
+    def upload(self, host: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """A host (staging) tensor on the run's device, without waiting for the copy; `copy`
+        makes a new tensor even where no copy is needed (the CPU), so the host may be refilled."""
+        return host.to(self.device, non_blocking=True, copy=copy)
 
+    @staticmethod
+    def polyak(target, source, tau: float) -> None:
+        """theta_target <- (1 - tau) theta_target + tau theta_source, for two modules or two lists
+        of tensors, in one fused call."""
+        if isinstance(target, torch.nn.Module):
+            target, source = target.parameters(), source.parameters()
+        with torch.no_grad():
+            torch._foreach_lerp_(list(target), list(source), tau)
 
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
-    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by this library")
-    if ckpt["algo"] != ALGO:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py")
-    if env_id is not None and ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
-    return ckpt
+    # ------------------------------------------------------------ checkpoints
+    @staticmethod
+    def rng_state(**generators) -> dict:
+        """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
+        state = {}
+        for name, generator in generators.items():
+            generator = getattr(generator, "bit_generator", generator)
+            if hasattr(generator, "get_state"):
+                state[name] = generator.get_state()
+            else:
+                state[name] = generator.state
+        if torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
 
+    @staticmethod
+    def set_rng_state(state: dict, **generators) -> None:
+        """Restore what rng_state() saved into the same generators."""
+        for name, generator in generators.items():
+            if hasattr(generator, "set_state"):
+                generator.set_state(state[name])
+            else:
+                generator.bit_generator.state = state[name]
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
-def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
-    """--resume's checkpoint; refused below its step or when a flag in `same` differs."""
-    ckpt = load_checkpoint(args.resume, args.env_id)
-    if ckpt.get("harness") != 1:
-        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there")
-    if args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+")
-    for key in same:
-        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
-        if key not in ckpt["args"]:
-            raise fail(f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it")
-        was = f"{flag} {theirs}"
-        if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
-            was = flag if theirs else "--no-" + flag[2:]
-        if theirs != getattr(args, key):
-            raise fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
-    return ckpt
+    @staticmethod
+    def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+        """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            message = f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt"
+            raise Run.fail(message)
+        except Exception as e:
+            raise Run.fail(
+                f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one"
+            )
+        if (
+            not isinstance(ckpt, dict)
+            or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys()
+        ):
+            raise Run.fail(f"{path} is not a checkpoint written by this library")
+        if ckpt["algo"] != ALGO:
+            raise Run.fail(
+                f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py"
+            )
+        if env_id is not None and ckpt["env_id"] != env_id:
+            raise Run.fail(
+                f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}"
+            )
+        return ckpt
 
+    def resume_checkpoint(self, same: tuple[str, ...] | list[str]) -> dict | None:
+        """--resume's checkpoint (None without --resume); refused below its step or when a flag
+        in `same` differs."""
+        args = self.args
+        if not args.resume:
+            return None
+        ckpt = Run.load_checkpoint(args.resume, args.env_id)
+        if ckpt.get("harness") != 1:
+            raise Run.fail(
+                f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there"
+            )
+        if args.total_steps < ckpt["global_step"]:
+            raise Run.fail(
+                f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+"
+            )
+        for key in same:
+            flag = "--" + key.replace("_", "-")
+            theirs = ckpt["args"].get(key)
+            if key not in ckpt["args"]:
+                raise Run.fail(
+                    f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it"
+                )
+            was = f"{flag} {theirs}"
+            if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
+                was = flag if theirs else "--no-" + flag[2:]
+            if theirs != getattr(args, key):
+                raise Run.fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
+        return ckpt
 
-def run_dir_for(args, checkpoint: str | None) -> Path:
-    if args.run_dir:
-        return Path(args.run_dir)
-    if checkpoint:  # --resume, --eval-only: the folder above the checkpoint's checkpoints/
-        folder = Path(checkpoint).resolve().parent
-        return folder.parent if folder.name == "checkpoints" else folder
-    name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return Path("runs", name)
+    @staticmethod
+    def run_dir_for(args, checkpoint: str | None) -> Path:
+        """--run-dir; else the folder above a checkpoint's checkpoints/; else a new one in runs/."""
+        if args.run_dir:
+            return Path(args.run_dir)
+        if checkpoint:
+            folder = Path(checkpoint).resolve().parent
+            return folder.parent if folder.name == "checkpoints" else folder
+        name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        return Path("runs", name)
 
+    @property
+    def video_dir(self) -> Path | None:
+        """Where evaluation videos go, with --capture-video."""
+        return self.run_dir / "videos" if self.args.capture_video else None
 
-def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
-    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value})."""
-    returns, extra = result if isinstance(result, tuple) else (result, {})
-    returns = [float(r) for r in returns]
-    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
-    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
-
-
-def write_eval_only(args, ckpt: dict, result, **extra) -> None:
-    path = run_dir_for(args, args.checkpoint) / "eval.json"
-    info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
-    info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
-    write_atomic(path, info := {**info, **eval_fields(result)[0], **extra})
-    print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
-
-
-def stop_signal() -> list[int]:
-    """A list that the first SIGINT or SIGTERM makes true; a second one kills at once."""
-    caught = []
-
-    def on_signal(signum, _frame) -> None:
-        caught.append(signum)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return caught
-
-
-def every(step: int, previous_step: int, interval: int) -> bool:
-    """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
-    return interval > 0 and step // interval != previous_step // interval
-
-
-class RunLogger:
-    """config.json, TensorBoard (and W&B), progress, evaluations, checkpoints and summary.json."""
-
-    def __init__(self, args, run_dir: Path, start_step: int, total_steps: int, resumed, **config):
-        self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
-        self.start_step = self.step = start_step
-        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        config = {**asdict(args), "run_dir": str(run_dir), **config}
-        write_atomic(run_dir / "config.json", config)
+    # ------------------------------------------------------------ the run's life
+    def start(self, step: int, total_steps: int, state, evaluate, **about) -> Run:
+        """Write config.json (the flags, the device and `about`), open TensorBoard (and W&B);
+        `with` closes them."""
+        args = self.args
+        self.state, self.evaluate = state, evaluate
+        self.total_steps = total_steps
+        self.start_step = self.step = step
+        resumed = args.resume is not None
+        config = {**asdict(args), "run_dir": str(self.run_dir)}
+        config |= {"resolved_device": str(self.device), **about}
+        write_atomic(self.run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
-            self.wandb.init(**init, dir=str(run_dir), name=run_dir.name, resume="allow")
+            self.wandb.init(**init, dir=str(self.run_dir), name=self.run_dir.name, resume="allow")
         # on resume, TensorBoard hides what an earlier attempt logged after the checkpoint
-        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        purge_step = step + 1 if resumed else None
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
+        self.recent = deque(maxlen=20)
+        self.loop_start = time.time()
+        self.last_print = 0.0
         self.bad_step = torch.tensor(-1)  # the first step with a non-finite loss
+        return self
 
-    def __enter__(self) -> RunLogger:
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, error, _traceback) -> None:
@@ -749,16 +930,19 @@ class RunLogger:
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
             self.wandb.finish(exit_code=int(failed))
 
-    def scalars(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict) -> None:
+        """TensorBoard scalars {tag: number or 0-dim tensor} at `step`."""
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), step)
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """A finished training episode: logged, and kept for the progress line."""
         self.recent.append(float(episodic_return))
-        self.scalars(step, {"charts/episodic_return": self.recent[-1]})
-        self.scalars(step, {"charts/episodic_length": length})
+        self.log(step, {"charts/episodic_return": self.recent[-1]})
+        self.log(step, {"charts/episodic_length": length})
 
     def sps(self, step: int) -> float:
+        """Environment steps per second of the training loop so far."""
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
@@ -769,51 +953,104 @@ class RunLogger:
             self.stop_if_bad()
 
     def stop_if_bad(self) -> None:
-        if (step := int(self.bad_step)) >= 0:  # on a GPU this waits for the device
-            raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
+        """Raise the non-finite loss's error, if one was seen (on a GPU this waits for it)."""
+        if (step := int(self.bad_step)) >= 0:
+            raise Run.fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
-    def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
+    def evaluate_and_log(self, step: int, video_dir: Path | None = None) -> dict | None:
         """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
-        result, extra = eval_fields(evaluate(video_dir))
-        if not stop:
-            extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
-            self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
-            return result
+        result, extra = eval_fields(self.evaluate(video_dir))
+        if self.stop:
+            return None
+        extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
+        self.log(step, {"eval/episodic_return": result["eval_mean"], **extra})
+        return result
 
-    def end_iteration(self, step: int, stop, evaluate, state) -> None:
+    def end_iteration(self, step: int) -> None:
         """Evaluate and save as their intervals pass (finish() does both at the end); progress."""
-        previous, self.step = self.step, step
-        if stop or step >= self.total_steps:
+        previous = self.step
+        self.step = step
+        if self.stop or step >= self.total_steps:
             return
-        if every(step, previous, self.args.eval_interval):
-            self.evaluate(step, evaluate, stop)
-        if every(step, previous, self.args.checkpoint_interval) and not stop:
-            self.save(step, state())  # (a signal during the evaluation: finish() saves)
+        if Run.every(step, previous, self.args.eval_interval):
+            self.evaluate_and_log(step)
+        if Run.every(step, previous, self.args.checkpoint_interval) and not self.stop:
+            self.save(step)  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.stop_if_bad()
-            self.last_print, sps = time.time(), self.sps(step)
-            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+            self.last_print = time.time()
+            sps = self.sps(step)
+            recent = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {recent}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
-    def save(self, step: int, state: dict) -> None:
+    def save(self, step: int) -> None:
+        """checkpoints/latest.pt: the file's state() and what a resume checks."""
         self.stop_if_bad()  # no checkpoint of non-finite weights
-        meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
-        write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
+        args = self.args
+        meta = {"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args)}
+        write_atomic(self.checkpoint, {**meta, "global_step": step, **self.state()})
 
-    def finish(self, step: int, stop, evaluate, state, **extra) -> None:
+    def finish(self, step: int, **extra) -> None:
         """Save; unless a signal came, evaluate (with videos) and write summary.json: finished."""
         sps = self.sps(step)
-        self.save(step, state())
-        video_dir = self.run_dir / "videos" if self.args.capture_video else None
-        result = None if stop else self.evaluate(step, evaluate, stop, video_dir)
+        self.save(step)
+        result = None if self.stop else self.evaluate_and_log(step, self.video_dir)
         if result is None:
-            return print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
-        info = {"script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed}
+            print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
+            return
+        args = self.args
+        info = {"script": SCRIPT, "algo": ALGO, "env_id": args.env_id, "seed": args.seed}
         info |= {"global_step": step, "sps": sps, **result, **extra}
         write_atomic(self.run_dir / "summary.json", info)
         print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
+
+    def write_eval_only(self, ckpt: dict, result, **extra) -> None:
+        """--eval-only's eval.json beside the checkpoint's run: `evaluate`'s result and `extra`."""
+        path = self.run_dir / "eval.json"
+        info = {
+            "script": SCRIPT,
+            "algo": ALGO,
+            "env_id": ckpt["env_id"],
+            "seed": ckpt["args"]["seed"],
+        }
+        info |= {"checkpoint": str(self.args.checkpoint), "global_step": ckpt["global_step"]}
+        info |= {**eval_fields(result)[0], **extra}
+        write_atomic(path, info)
+        print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
+
+
+def catch_stop_signals(caught: list[int]) -> None:
+    """Make `caught` true at the first SIGINT or SIGTERM; a second one kills at once."""
+
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON or torch.save through a temporary file: a kill mid-write leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(data, indent=2))
+    else:
+        torch.save(data, tmp)
+    os.replace(tmp, path)
+
+
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
+    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value}),
+    and the extra ones alone."""
+    returns, extra = result if isinstance(result, tuple) else (result, {})
+    returns = [float(r) for r in returns]
+    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
 
 
 if __name__ == "__main__":

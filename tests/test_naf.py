@@ -363,7 +363,7 @@ def test_twins_bootstrap_from_the_smaller_smoothed_value():
 def test_soft_update_and_scale_action_and_noise():
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     expected = 0.1 * a.weight.detach() + 0.9 * b.weight.detach()
-    naf.soft_update(b, a, 0.1)
+    naf.Run.polyak(b, a, 0.1)  # the harness's soft update, as update() calls it
     torch.testing.assert_close(b.weight.detach(), expected)
 
     low, high = np.array([-2.0, 0.0]), np.array([2.0, 10.0])
@@ -452,8 +452,7 @@ def test_compiled_update_matches_the_eager_update():
         nets = torch.nn.ModuleList([random_net(seed=0), random_net(seed=2)])
         targets = torch.nn.ModuleList([random_net(seed=1), random_net(seed=3)])
         runs.append((nets, targets, torch.optim.Adam(nets.parameters(), lr=1e-3, fused=True)))
-    learn, graphs = naf.compiled(naf.update, args, torch.device("cpu")), []
-    assert learn is not naf.update
+    learn, graphs = torch.compile(naf.update), []
     for _ in range(4):
         want = naf.update(*runs[0], batch, args)
         got = learn(*runs[1], batch, args)
@@ -1012,9 +1011,9 @@ def test_bad_checkpoints(tiny_run, tmp_path):
         (tmp_path / "missing.pt", "does not exist"),
     ):
         with pytest.raises(SystemExit, match=fragment):
-            naf.load_checkpoint(str(path))
+            naf.Run.load_checkpoint(str(path))
     assert (
-        naf.load_checkpoint(good)["net"]["v_head.bias"].device.type == "cpu"
+        naf.Run.load_checkpoint(good)["net"]["v_head.bias"].device.type == "cpu"
     )  # always loaded on the CPU
     cases = [
         ({"env_id": "InvertedPendulum-v5"}, "is for Pendulum-v1"),
@@ -1093,14 +1092,14 @@ IN_PROCESS = dict(
 
 def test_run_dir_rule(tmp_path):
     assert (
-        naf.run_dir_for(naf.Args(), str(tmp_path / "run" / "checkpoints" / "latest.pt"))
+        naf.Run.run_dir_for(naf.Args(), str(tmp_path / "run" / "checkpoints" / "latest.pt"))
         == (tmp_path / "run").resolve()
     )
-    assert naf.run_dir_for(naf.Args(), str(tmp_path / "copy.pt")) == tmp_path.resolve()
-    assert naf.run_dir_for(naf.Args(run_dir="elsewhere"), str(tmp_path / "copy.pt")) == Path(
+    assert naf.Run.run_dir_for(naf.Args(), str(tmp_path / "copy.pt")) == tmp_path.resolve()
+    assert naf.Run.run_dir_for(naf.Args(run_dir="elsewhere"), str(tmp_path / "copy.pt")) == Path(
         "elsewhere"
     )
-    assert naf.run_dir_for(naf.Args(seed=7), None).name.startswith("Pendulum-v1__naf__7__")
+    assert naf.Run.run_dir_for(naf.Args(seed=7), None).name.startswith("Pendulum-v1__naf__7__")
 
 
 @pytest.mark.slow
