@@ -230,7 +230,8 @@ class Report:
 class Readme:
     """Rewrite the block between the results markers in README.md: every preset of the zoo, with
     its result in results/latest's sweep where that sweep ran the preset's current definition,
-    else "not run at this definition"; the sweep's commit and the algorithm files changed since."""
+    else "not run at this definition"; the sweep's commit, the algorithm files changed since, and
+    which of them committed `equivalence` reports (results/equivalence-*.json) proved equivalent."""
 
     readme: Path = Path("README.md")
     results_dir: Path = Path("results")

@@ -834,7 +834,8 @@ def readme_block(
 ) -> str:
     """The README's results block: every preset of the zoo (`presets`), with the result
     results/latest's sweep holds at the preset's current definition, or "not run at this
-    definition"; the sweep's commit and the algorithm files changed since."""
+    definition"; the sweep's commit, the algorithm files changed since, and which of them the
+    equivalence reports committed in `results_dir` prove to behave as the sweep's versions."""
     latest = results_dir / "latest"
     if not latest.exists():
         raise ZooError(f"no {latest}: run a full sweep first (python -m benchmark full)")
