@@ -112,6 +112,19 @@ def test_a_trial_below_the_median_is_pruned_and_its_runs_stopped(tmp_path: Path,
     assert "trial 1 pruned at step 1" in capsys.readouterr().out
 
 
+def test_a_failed_run_fails_its_trial_with_why(tmp_path: Path, zoo, capsys):
+    args = zoo(tune_preset('score = { low = 0, high = 200 }, behaviour = "crash"'))
+    assert main(tune(args, "f", "--trials", "1")) == 1  # nothing complete, nothing validated
+    (row,) = trials(tmp_path, "f")
+    assert (
+        row["state"] == "fail" and row["reason"] == "t seed1: exit status 1; t seed2: exit status 1"
+    )
+    assert "trial 0 FAILED: t seed1: exit status 1" in capsys.readouterr().out
+    report = (tmp_path / "results/tune-f/report.md").read_text()
+    assert "No complete trial to validate." in report
+    assert not (tmp_path / "results/tune-f/best.toml").exists()
+
+
 def test_two_worker_processes_share_one_study(tmp_path: Path, zoo):
     args = zoo(tune_preset("score = { low = 0, high = 200 }", args="delay = 0.1"))
     more = ("--trials", "2", "--processes", "2", "--workers", "2", "--top-k", "0")
