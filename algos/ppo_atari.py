@@ -96,9 +96,15 @@ from ale_py.vector_env import AtariVectorEnv
 from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
+# Harness calls above the run harness (class `Run`, at the bottom): Run(args, checks), run.device,
+# run.stop, run.start/log/episode/sps/check_finite/end_iteration/finish, run.compile/graph_step,
+# run.host_buffer/upload, run.resume_checkpoint, Run.fail/rng_state/set_rng_state, eval-only's own.
+
 
 @dataclass
 class Args:
+    """PPO on Atari; every field is a command-line flag (tyro), its docstring the flag's help."""
+
     env_id: str = "BreakoutNoFrameskip-v4"
     """<Game>NoFrameskip-v4, or ALE/<Game>-v5 (sticky actions)"""
     protocol: Literal["auto", "baselines", "machado"] = "auto"
@@ -185,9 +191,10 @@ def atari_protocol(env_id: str) -> tuple[str, float]:
     """(ROM id, sticky-action probability) of an env id (detail 1); others stop in one line."""
     games = atari_games()
     for pattern, sticky in ((r"(\w+)NoFrameskip-v4", 0.0), (r"ALE/(\w+)-v5", 0.25)):
-        if (match := re.fullmatch(pattern, env_id)) and match[1] in games:
+        match = re.fullmatch(pattern, env_id)
+        if match and match[1] in games:
             return games[match[1]], sticky
-    raise fail(not_atari(env_id, games))
+    raise Run.fail(not_atari(env_id, games))
 
 
 def resolve_protocol(protocol: str, env_id: str) -> str:
@@ -201,13 +208,20 @@ def atari_settings(run: dict) -> dict:
     """make_envs' keywords for a run's flags (details 1 and 3)."""
     game, sticky = atari_protocol(run["env_id"])
     baselines = resolve_protocol(run["protocol"], run["env_id"]) == "baselines"
-    frames, stack = run["max_episode_frames"], run["frame_stack"]
-    return dict(game=game, sticky=sticky, max_frames=frames, frame_stack=stack, baselines=baselines)
+    return dict(
+        game=game,
+        sticky=sticky,
+        max_frames=run["max_episode_frames"],
+        frame_stack=run["frame_stack"],
+        baselines=baselines,
+    )
 
 
 def make_envs(
     num_envs: int, game: str, sticky: float, max_frames: int, frame_stack: int, baselines: bool
 ) -> AtariVectorEnv:
+    """ale_py's C++ vector env with detail 1's preprocessing; `envs.fire` is FIRE's action index
+    under the baselines protocol in a game that has it, else None (detail 3)."""
     # Raw rewards (clipped for learning only, to keep the score) and no life-loss episodes (lives
     # are read from info["lives"]), so a game over can be told apart from a lost life.
     envs = AtariVectorEnv(
@@ -242,8 +256,45 @@ def make_env(atari: dict, video_dir: Path) -> gym.Env:
     return gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True)
 
 
+def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
+    """(terminal, truncation, life lost) of one vector step, numpy bool arrays (detail 3)."""
+    # A lost life is terminal under baselines only (the game goes on); a game over at the time limit
+    # is terminal. After a game ends `lives` is the new game's: compared only where none ended.
+    life_lost = (lives < prev_lives) & ~(terminated | truncated)
+    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
+
+
+class LifeProtocol:
+    """The vector env under detail 3's protocol: FIRE forced after a lost life, learning flags."""
+
+    def __init__(self, envs, baselines: bool):
+        self.vec = envs
+        self.baselines = baselines
+
+    def reset(self, seed: int) -> np.ndarray:
+        """New games (game i seeded seed + i), none owing a FIRE; their first observations."""
+        obs, info = self.vec.reset(seed=seed)
+        self.lives = info["lives"]
+        self.forced = np.zeros(len(obs), bool)  # FIRE is due at the next step (detail 3)
+        return obs
+
+    def step(self, actions: np.ndarray):
+        """-> obs, reward, game ended, terminal, time-limit cut, final obs."""
+        if self.forced.any():
+            actions = np.where(self.forced, self.vec.fire, actions)
+        obs, reward, term, trunc, info = self.vec.step(actions)
+        terminal, cut, lost = learning_flags(term, trunc, info["lives"], self.lives, self.baselines)
+        # Autoreset SameStep: an ended game returns the new game's observation; the real last one
+        # is in info["final_obs"], kept where the time limit cut a game (the bootstrap of detail 4)
+        final = info["final_obs"] if cut.any() else None
+        self.lives = info["lives"]
+        self.forced = lost & (self.vec.fire is not None)
+        return obs, reward, term | trunc, terminal, cut, final
+
+
 # ---------------------------------------------------------------- network
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 5)."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -272,227 +323,323 @@ class Agent(nn.Module):
         """uint8 frames (B, frame_stack, 84, 84) -> policy logits (B, A), values (B,)."""
         # copy=True: scaling in place then touches only our copy, never the caller's tensor
         x = obs.to(torch.float32, memory_format=torch.channels_last, copy=True).mul_(1.0 / 255.0)
-        hidden = self.network(x)
+        hidden = self.network(x)  # [B, 512]
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
 
 # ---------------------------------------------------------------- PPO math
-def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
-    """(terminal, truncation, life lost) for learning from one vector step (numpy bool arrays)."""
-    # A lost life is terminal under baselines only (the game goes on); a game over at the time limit
-    # is terminal. After a game ends `lives` is the new game's: compared only where none ended.
-    life_lost = (lives < prev_lives) & ~(terminated | truncated)
-    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
+def learning_rate(args: Args, global_step: int, horizon: int) -> float:
+    """Detail 6: lr = lr_0 (1 - step / H), annealed linearly to 0 at the horizon H."""
+    if not args.anneal_lr:
+        return args.learning_rate
+    return args.learning_rate * (1.0 - global_step / horizon)
 
 
 @torch.inference_mode()
-def step_targets(agent, terminated, truncated, info: dict, prev_lives, baselines: bool, device):
-    """learning_flags, and V(real final obs) where truncated (else 0), of one vector step."""
-    # Autoreset SameStep: an ended env returns the new game's observation, so the bootstrap value
-    # comes from info["final_obs"]; it is computed only for the (rare) cut envs.
-    terminal, cut, lost = learning_flags(
-        terminated, truncated, info["lives"], prev_lives, baselines
-    )
-    trunc_value = torch.zeros(len(cut), device=device)
+def bootstrap_values(agent: Agent, final_obs, cut, device) -> torch.Tensor:
+    """V(real final observation) where the time limit cut the episode, else 0 (detail 4); (N,)."""
+    # one forward pass, over the (rare) cut envs only
+    values = torch.zeros(len(cut), device=device)
     if cut.any():
         idx = np.flatnonzero(cut)
-        final_obs = torch.from_numpy(info["final_obs"][idx]).to(device)
-        trunc_value[torch.from_numpy(idx).to(device)] = agent(final_obs)[1]
-    return terminal, cut, lost, trunc_value
+        final = torch.from_numpy(final_obs[idx]).to(device)  # [cut envs, frame_stack, 84, 84]
+        values[torch.from_numpy(idx).to(device)] = agent(final)[1]
+    return values
 
 
 def gae(rewards, values, next_value, terminals, truncations, truncation_values, gamma, gae_lambda):
-    """Advantages A_t and returns R_t = A_t + V(s_t), all (T, N); next_value V(s_T) is (N,)."""
-    # terminals: 1 where V(s_{t+1}) is 0 for learning (game over, lost life). truncations: 1 where
-    # the time limit cut the episode; V(s_{t+1}) is then truncation_values (V of the real final
-    # observation), not values[t + 1] (a new game's). Either ends the GAE chain.
+    """GAE (Schulman et al. 2015, eq. 11-12): advantages A_t and returns R_t = A_t + V(s_t).
+
+    All (T, N) but next_value, V(s_T) after the rollout's last step, (N,). terminals: 1 where
+    V(s_{t+1}) is 0 for learning (game over, lost life); truncations: 1 where the time limit cut
+    the episode. Either ends the chain of A_{t+1}.
+    """
+    # V(s_{t+1}): the next row, and V(s_T) after the last one  [T, N]
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    # deviation (detail 4): where the time limit cut the episode, s_{t+1} is the real final
+    # observation (truncation_values), not values[t + 1], which is the new game's
     next_values = torch.where(truncations.bool(), truncation_values, next_values)
+    # delta_t = r_t + gamma (1 - term_t) V(s_{t+1}) - V(s_t)  [T, N]
     deltas = rewards + gamma * (1.0 - terminals) * next_values - values
+    # A_t = delta_t + gamma lambda (1 - end_t) A_{t+1}, backwards; one vector op per step over N
     carry = 1.0 - torch.maximum(terminals, truncations)
     advantages = torch.zeros_like(rewards)
-    last = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):  # one vector op per step, over N envs
+    last = torch.zeros_like(next_value)  # A_{t+1}  [N]
+    for t in reversed(range(rewards.shape[0])):
         last = deltas[t] + gamma * gae_lambda * carry[t] * last
         advantages[t] = last
     return advantages, advantages + values
 
 
+def masked_mean(x: torch.Tensor, acted: torch.Tensor) -> torch.Tensor:
+    """Mean over the steps the policy chose (acted 1.0; forced FIRE 0.0, detail 3).
+
+    The forced-FIRE rule of this file: only the policy loss averages over the policy's own steps;
+    the value loss, entropy, advantage normalisation, approx_kl and clipfrac keep every step
+    (recurrent_ppo_atari.py masks those too)."""
+    return (x * acted).sum() / acted.sum().clamp(min=1)
+
+
 def ppo_losses(
     logprob, old_logprob, advantages, value, old_value, returns, clip_coef, clip_vloss, acted=None
-):
-    """-L_clip, L_V, approximate KL and clip fraction (eq. 7 and 9)."""
-    # the policy loss averages over the steps the policy chose: `acted` is 0 at detail 3's FIRE
+) -> dict[str, torch.Tensor]:
+    """-L_clip and L_V (eq. 7 and 9), and the approximate KL and clip fraction; 0-dim tensors."""
+    # r_t(theta) = pi_theta(a_t|s_t) / pi_old(a_t|s_t)  [B]
     log_ratio = logprob - old_logprob
     ratio = log_ratio.exp()
-    acted = torch.ones_like(ratio) if acted is None else acted
     clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    # -L_clip = E[-min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)]  (eq. 7)
     pg_losses = torch.max(-advantages * ratio, -advantages * clipped_ratio)
-    pg_loss = (pg_losses * acted).sum() / acted.sum().clamp(min=1)
+    policy_loss = pg_losses.mean()
+    if acted is not None:  # deviation (detail 3): a forced FIRE is not the policy's choice
+        policy_loss = masked_mean(pg_losses, acted)
+    # L_V = E[(V(s_t) - R_t)^2]
     v_loss = (value - returns) ** 2
-    if clip_vloss:
+    if clip_vloss:  # detail 6 (baselines, CleanRL): V moves at most eps from V_old, as r_t does
         v_clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
         v_loss = torch.max(v_loss, (v_clipped - returns) ** 2)
     with torch.no_grad():
         approx_kl = ((ratio - 1) - log_ratio).mean()  # k3 estimator (Schulman, "Approximating KL")
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-    return pg_loss, 0.5 * v_loss.mean(), approx_kl, clipfrac
+    return {
+        "policy_loss": policy_loss,
+        "value_loss": 0.5 * v_loss.mean(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var[R - V] / Var[R]: how much of the returns' variance V explains; NaN if R is flat."""
+    var_returns = returns.var()
+    return torch.where(var_returns > 0, 1 - (returns - values).var() / var_returns, torch.nan)
+
+
+def mean_over_steps(history: list[dict[str, torch.Tensor]], key: str) -> torch.Tensor:
+    """The mean of `key` over every minibatch step of an update."""
+    # summed as a column of the (steps, stats) table, the order the logged value has always been
+    # summed in: a contiguous mean of the same numbers adds them in another order (last-bit changes)
+    table = torch.stack([torch.stack(list(step.values())) for step in history])  # [steps, stats]
+    return table[:, list(history[0]).index(key)].mean()
 
 
 class Rollout:
-    """Storage of T steps of N envs and the acting state carried from one rollout to the next."""
+    """Storage of one rollout (T steps of N envs), and the acting state carried to the next."""
 
-    def __init__(self, envs, T: int, N: int, frame_stack: int, device, seed: int):
+    def __init__(self, run: Run, T: int, N: int, frame_stack: int):
+        device = run.device
         self.obs = torch.zeros((T, N, frame_stack, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
-        self.logprobs, self.values, self.trunc_values = torch.zeros((3, T, N), device=device)
-        # Host memory, pinned on a GPU: the copies to the device need not wait. Each is done before
-        # its buffer is written again (the next action copy, or reading the losses, waits for it).
-        cuda = device.type == "cuda"
-        self.host = torch.zeros((4, T, N), pin_memory=cuda)
-        self.rewards, self.terminals, self.truncations, self.acted = self.host.numpy()
-        self.staging = torch.empty((N, frame_stack, 84, 84), dtype=torch.uint8, pin_memory=cuda)
-        self.forced = torch.zeros(N, dtype=torch.bool, pin_memory=cuda)  # FIRE is due (detail 3)
-        next_obs, info = envs.reset(seed=seed)
-        self.next_obs, self.lives = self.upload(next_obs), info["lives"]
-        self.ep_return, self.ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+        self.logprobs = torch.zeros((T, N), device=device)  # log pi_old(a_t|s_t)
+        self.values = torch.zeros((T, N), device=device)  # V(s_t)
+        self.trunc_values = torch.zeros((T, N), device=device)  # bootstrap_values, detail 4
+        # Rewards and flags are born in numpy on the host: written through numpy views of one host
+        # tensor (pinned on a GPU), which batch() moves to the device in one copy.
+        self.host = run.host_buffer((4, T, N))
+        self.rewards = self.host[0].numpy()  # sign-clipped (Mnih et al. 2015)
+        self.terminals = self.host[1].numpy()  # 1: V(s_{t+1}) is 0 for learning
+        self.truncations = self.host[2].numpy()  # 1: the time limit cut the episode
+        self.acted = self.host[3].numpy()  # 0: detail 3's forced FIRE, not the policy's choice
+        # Host buffers of what goes to the device at every step. Each copy from them is done before
+        # they are written again: the action's copy back to the host waits for it.
+        self.obs_staging = run.host_buffer((N, frame_stack, 84, 84), torch.uint8)
+        self.forced_staging = run.host_buffer((N,), torch.bool)
 
-    def upload(self, obs):
-        return self.staging.copy_(torch.from_numpy(obs)).to(self.obs.device, non_blocking=True)
-
-    @torch.inference_mode()
-    def collect(self, act, agent: Agent, envs, global_step: int, log, baselines: bool) -> int:
-        """T steps of every env, acting by `act` (agent, or compiled); the new global step."""
-        device = self.obs.device
-        for t in range(len(self.obs)):
-            self.obs[t], forced = self.next_obs, self.forced.to(device, non_blocking=True)
-            logits, self.values[t] = act(self.next_obs)
-            dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
-            # detail 3: FIRE after a lost life, not the policy's choice
-            action = torch.where(forced, envs.fire or 0, dist.sample())
-            self.actions[t], self.logprobs[t] = action, dist.log_prob(action)
-            self.acted[t] = ~self.forced.numpy()
-            next_obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
-            global_step += len(reward)
-            flags = step_targets(agent, term, trunc, info, self.lives, baselines, device)
-            self.terminals[t], self.truncations[t], lost, self.trunc_values[t] = flags
-            self.lives = info["lives"]
-            self.forced[:] = torch.from_numpy(lost & (envs.fire is not None))
-            self.rewards[t] = np.sign(reward)  # clipped (Mnih et al. 2015)
-            self.next_obs = self.upload(next_obs)
-            self.ep_return, self.ep_length = self.ep_return + reward, self.ep_length + 1
-            for i in np.flatnonzero(term | trunc):
-                log.episode(global_step, self.ep_return[i], self.ep_length[i])
-                self.ep_return[i], self.ep_length[i] = 0.0, 0
-        return global_step
+    def restart(self, next_obs: torch.Tensor) -> None:
+        """Fresh games (a new or a resumed run): their first observations, no episode under way."""
+        self.next_obs = next_obs
+        self.ep_return = np.zeros(len(next_obs))  # unclipped score of the game so far (detail 2)
+        self.ep_length = np.zeros(len(next_obs), dtype=np.int64)
 
     @torch.inference_mode()
-    def batch(self, act, gae, gamma: float, gae_lambda: float) -> dict:
+    def batch(self, act, gae_fn, gamma: float, gae_lambda: float, run: Run) -> dict:
         """GAE over the rollout, and the rollout flattened to T N rows for update()."""
-        rewards, terminals, cuts, acted = self.host.to(self.obs.device, non_blocking=True)
-        next_value = act(self.next_obs)[1]
-        advantages, returns = gae(
-            rewards, self.values, next_value, terminals, cuts, self.trunc_values, gamma, gae_lambda
+        # the four host rows, [T, N] each
+        rewards, terminals, truncations, acted = run.upload(self.host)
+        next_value = act(self.next_obs)[1]  # V(s_T)  [N]
+        advantages, returns = gae_fn(
+            rewards=rewards,
+            values=self.values,
+            next_value=next_value,
+            terminals=terminals,
+            truncations=truncations,
+            truncation_values=self.trunc_values,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
         )
         batch = dict(obs=self.obs, actions=self.actions, logprobs=self.logprobs, values=self.values)
         # cloned: CUDA graphs would overwrite a compiled gae's outputs at its next call
         batch |= dict(advantages=advantages.clone(), returns=returns.clone(), acted=acted)
-        return {k: v.flatten(0, 1) for k, v in batch.items()}
+        return {k: v.flatten(0, 1) for k, v in batch.items()}  # [T, N, ...] -> [T N, ...]
 
 
-def ppo_step(agent: Agent, optimizer, mb: dict, args: Args) -> torch.Tensor:
-    """One gradient step on the PPO loss (eq. 9) of minibatch `mb`; its losses, stacked."""
-    logits, value = agent(mb["obs"])
+@torch.inference_mode()
+def collect(act, agent: Agent, envs: LifeProtocol, ro: Rollout, run: Run, global_step: int) -> int:
+    """Fill `ro` with T steps of every env under pi_old (`act`: the agent, or compiled); returns
+    the new global step."""
+    for t in range(len(ro.obs)):
+        ro.obs[t] = ro.next_obs
+        ro.acted[t] = ~envs.forced  # 0 where detail 3 forces FIRE at this step
+        forced = run.upload(ro.forced_staging.copy_(torch.from_numpy(envs.forced)))
+        logits, ro.values[t] = act(ro.next_obs)
+        dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
+        # a_t ~ pi_old(.|s_t); detail 3: FIRE after a lost life, not the policy's choice
+        action = torch.where(forced, envs.vec.fire or 0, dist.sample())
+        ro.actions[t] = action
+        ro.logprobs[t] = dist.log_prob(action)
+        obs, reward, ended, terminal, cut, final_obs = envs.step(action.cpu().numpy())
+        global_step += len(reward)
+        ro.trunc_values[t] = bootstrap_values(agent, final_obs, cut, run.device)  # detail 4
+        ro.rewards[t] = np.sign(reward)  # clipped (Mnih et al. 2015)
+        ro.terminals[t] = terminal
+        ro.truncations[t] = cut
+        ro.next_obs = run.upload(ro.obs_staging.copy_(torch.from_numpy(obs)))
+        # the score of whole games, unclipped (detail 2)
+        ro.ep_return = ro.ep_return + reward
+        ro.ep_length = ro.ep_length + 1
+        for i in np.flatnonzero(ended):
+            run.episode(global_step, ro.ep_return[i], ro.ep_length[i])
+            ro.ep_return[i] = 0.0
+            ro.ep_length[i] = 0
+    return global_step
+
+
+def ppo_step(agent: Agent, optimizer, mb: dict, args: Args) -> dict[str, torch.Tensor]:
+    """One gradient step on the PPO loss (eq. 9) of minibatch `mb`; its stats, 0-dim tensors."""
+    logits, value = agent(mb["obs"])  # [B, A], [B]
     dist = Categorical(logits=logits, validate_args=False)  # NaNs: caught after the update
-    logprob, entropy = dist.log_prob(mb["actions"]), dist.entropy().mean()
-    A, old, R = mb["advantages"], mb["logprobs"], mb["returns"]
-    A = (A - A.mean()) / (A.std() + 1e-8) if args.norm_adv else A
-    pg_loss, v_loss, approx_kl, clipfrac = ppo_losses(
-        logprob, old, A, value, mb["values"], R, args.clip_coef, args.clip_vloss, mb["acted"]
+    logprob = dist.log_prob(mb["actions"])  # log pi_theta(a_t|s_t)  [B]
+    entropy = dist.entropy().mean()  # H[pi_theta], over every step (detail 3)
+    advantages = mb["advantages"]
+    if args.norm_adv:  # detail 6: per minibatch, over every step (detail 3)
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    losses = ppo_losses(
+        logprob=logprob,
+        old_logprob=mb["logprobs"],
+        advantages=advantages,
+        value=value,
+        old_value=mb["values"],
+        returns=mb["returns"],
+        clip_coef=args.clip_coef,
+        clip_vloss=args.clip_vloss,
+        acted=mb["acted"],
     )
-    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    # loss = -L_clip - c2 H[pi_theta] + c1 L_V  (eq. 9, as a loss to minimise)
+    loss = losses["policy_loss"] - args.ent_coef * entropy + args.vf_coef * losses["value_loss"]
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    return torch.stack([loss, v_loss, pg_loss, entropy, approx_kl, clipfrac]).detach()
+    stats = {
+        "loss": loss,
+        "value_loss": losses["value_loss"],
+        "policy_loss": losses["policy_loss"],
+        "entropy": entropy,
+        "approx_kl": losses["approx_kl"],
+        "clipfrac": losses["clipfrac"],
+    }
+    return {k: v.detach() for k, v in stats.items()}
 
 
-LOGGED = ("value_loss", "policy_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+def update(ppo_step, batch: dict, generator: torch.Generator, args: Args, run: Run) -> dict:
+    """K epochs of `ppo_step` (bound to the agent and optimizer, maybe compiled) on minibatches.
 
-
-def update(step, batch: dict, generator: torch.Generator, args: Args) -> torch.Tensor:
-    """K epochs of `step` (ppo_step, or compiled) on minibatches: the total loss, then LOGGED."""
-    # minibatch order drawn from `generator`; logged: the last minibatch's losses, the epochs' mean
-    # clip fraction and the explained variance of the rollout's values
-    batch_size, stats = len(batch["actions"]), []
+    Returns 0-dim tensors: the last minibatch's losses, the mean clip fraction over all of them,
+    and the explained variance of the rollout's values."""
+    batch_size = len(batch["actions"])
+    minibatch_size = batch_size // args.num_minibatches
+    history = []  # each minibatch step's stats
     for epoch in range(args.update_epochs):
+        # a new order every epoch, drawn from the minibatch generator (kept in the checkpoint)
         order = torch.randperm(batch_size, generator=generator).to(batch["actions"].device)
-        for rows in order.split(batch_size // args.num_minibatches):
-            # compiled: its outputs are kept (copied), so a new CUDA graph step (not in eager mode:
-            # its first call imports Inductor, seconds)
-            if args.compile:
-                torch.compiler.cudagraph_mark_step_begin()
-            stats.append(step({k: v[rows] for k, v in batch.items()}).clone())
-        # (waits for the device)
-        if args.target_kl is not None and stats[-1][4] > args.target_kl:
+        for rows in order.split(minibatch_size):
+            minibatch = {k: v[rows] for k, v in batch.items()}  # [B / M, ...] each
+            run.graph_step()
+            stats = ppo_step(minibatch)
+            # copied: a compiled step's CUDA graph overwrites its outputs at its next call
+            history.append({k: v.clone() for k, v in stats.items()})
+        # early stop on the last step's KL (reading it waits for the device)
+        if args.target_kl is not None and history[-1]["approx_kl"] > args.target_kl:
             break
-    stats = torch.stack(stats)
-    R, var_R = batch["returns"], batch["returns"].var()
-    explained = torch.where(var_R > 0, 1 - (R - batch["values"]).var() / var_R, torch.nan)
-    return torch.cat([stats[-1, :5], stats[:, 5].mean().view(1), explained.view(1)])
+    logged = dict(history[-1])
+    logged["clipfrac"] = mean_over_steps(history, "clipfrac")
+    logged["explained_variance"] = explained_variance(batch["values"], batch["returns"])
+    return logged
 
 
 # ---------------------------------------------------------------- training
 def train(args: Args) -> None:
-    check_args(args)
+    """PPO, Actor-Critic Style (Schulman et al. 2017, Algorithm 1) on Atari frames."""
+    # for iteration = 1, 2, ...:
+    #   anneal the learning rate (detail 6)                          -> learning_rate
+    #   run pi_old in N environments for T steps                     -> collect
+    #     FIRE forced after a lost life; the learning flags          -> LifeProtocol.step
+    #     V(real last frame) where the time limit cut a game         -> bootstrap_values
+    #   compute advantage estimates A_1 .. A_T (GAE)                 -> Rollout.batch, gae
+    #   optimise the surrogate L for K epochs of M minibatches       -> update, ppo_step
+    #     -L_clip and L_V (eq. 7 and 9)                              -> ppo_losses
+    #   theta_old <- theta: the next rollout acts with the new agent
+    #   log the losses; evaluate and checkpoint as due               -> run.log, run.end_iteration
+    run = Run(args, checks=check_args(args))
     if args.eval_only:
-        return eval_only(args)
+        return eval_only(args, run)
+
+    # set up
     atari = atari_settings(asdict(args))
-    device = seed_and_pick_device(args)
-    T, N = args.num_steps, args.num_envs
+    T = args.num_steps
+    N = args.num_envs
     total = args.total_steps // (T * N) * T * N  # whole rollouts
-    envs = make_envs(N, **atari)
-    agent = Agent(int(envs.single_action_space.n), args.frame_stack)
-    agent = agent.to(device, memory_format=torch.channels_last)
-    # a tensor: no recompile as it anneals
-    lr = torch.tensor(args.learning_rate, device=device)
+    envs = LifeProtocol(make_envs(N, **atari), atari["baselines"])
+    agent = Agent(int(envs.vec.single_action_space.n), args.frame_stack)
+    agent = agent.to(run.device, memory_format=torch.channels_last)
+    lr = torch.tensor(args.learning_rate, device=run.device)  # set_learning_rate fills it
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True)
     generator = torch.Generator().manual_seed(args.seed)  # minibatch order
-    global_step, iteration, horizon = restore(args, agent, optimizer, generator, total)
-    act, gae_fn = compiled(agent, args, device), compiled(gae, args, device)
-    step = compiled(partial(ppo_step, agent, optimizer, args=args), args, device)
-    # fresh games after a resume
-    ro = Rollout(envs, T, N, args.frame_stack, device, seed=args.seed + global_step)
-    stop = stop_signal()
-    eval_seed = args.seed + 10_000  # detail 8
-    evaluate_policy = partial(evaluate, agent, atari, args.eval_episodes, eval_seed, device, stop)
+    global_step, iteration, horizon = restore(args, run, agent, optimizer, generator, total)
+    # with --compile these run compiled (CUDA graphs on a GPU), else they are the plain functions
+    act = run.compile(agent)
+    gae_fn = run.compile(gae)
+    step_fn = run.compile(partial(ppo_step, agent, optimizer, args=args))
+    ro = Rollout(run, T, N, args.frame_stack)
+    obs = envs.reset(seed=args.seed + global_step)  # fresh games after a resume too (detail 9)
+    ro.restart(run.upload(ro.obs_staging.copy_(torch.from_numpy(obs))))
 
-    def state() -> dict:
+    def checkpoint() -> dict:
+        """The checkpoint's state, read when the harness saves (at the loop's current iteration)."""
         return checkpoint_state(agent, optimizer, iteration, horizon, generator)
+
+    def evaluate_policy(video_dir: Path | None) -> tuple[list[float], dict]:
+        """Full games of the sampled policy, from evaluation's own seed (detail 8)."""
+        eval_seed = args.seed + 10_000
+        return evaluate(
+            agent, atari, args.eval_episodes, eval_seed, run.device, run.stop, video_dir
+        )
 
     protocol = resolve_protocol(args.protocol, args.env_id)
     about = dict(game=atari["game"], repeat_action_probability=atari["sticky"], protocol=protocol)
-    run_dir, resumed = run_dir_for(args, args.resume), args.resume is not None
-    with RunLogger(
-        args, run_dir, global_step, total, resumed, resolved_device=str(device), **about
-    ) as log:
-        while global_step < total and not stop:
+    with run.start(global_step, total, state=checkpoint, evaluate=evaluate_policy, **about):
+        while global_step < total and not run.stop:
             iteration += 1
-            # detail 6: lr = lr_0 (1 - step / H)
-            rate = args.learning_rate * (1.0 - global_step / horizon if args.anneal_lr else 1.0)
-            # (after a resume the group holds the checkpoint's lr)
-            optimizer.param_groups[0]["lr"] = lr.fill_(rate)
-            global_step = ro.collect(act, agent, envs, global_step, log, atari["baselines"])
-            batch = ro.batch(act, gae_fn, args.gamma, args.gae_lambda)
-            stats = update(step, batch, generator, args)
-            log.check_finite(stats[0], global_step)
-            losses = {"losses/" + k: v for k, v in zip(LOGGED, stats[1:].tolist())}
-            losses |= {"charts/learning_rate": rate, "charts/SPS": log.sps(global_step)}
-            log.scalars(global_step, losses)
-            log.end_iteration(global_step, stop, evaluate_policy, state)
-        envs.close()
-        log.finish(global_step, stop, evaluate_policy, state, **about)
+            rate = learning_rate(args, global_step, horizon)
+            set_learning_rate(optimizer, lr, rate)
+
+            # collect
+            global_step = collect(act, agent, envs, ro, run, global_step)
+            batch = ro.batch(act, gae_fn, args.gamma, args.gae_lambda, run)
+
+            # learn
+            stats = update(step_fn, batch, generator, args, run)
+
+            # log
+            run.check_finite(stats["loss"], global_step)
+            logged = as_floats({k: v for k, v in stats.items() if k != "loss"})
+            scalars = {"losses/" + k: v for k, v in logged.items()}
+            scalars["charts/learning_rate"] = rate
+            scalars["charts/SPS"] = run.sps(global_step)
+            run.log(global_step, scalars)
+            run.end_iteration(global_step)
+        envs.vec.close()
+        run.finish(global_step, **about)
 
 
 # ---------------------------------------------------------------- the file's own plumbing
@@ -500,7 +647,8 @@ POSITIVE = ("num-envs", "num-steps", "num-minibatches", "update-epochs", "learni
 POSITIVE += ("clip-coef", "max-grad-norm", "max-episode-frames", "frame-stack")
 
 
-def check_args(args: Args) -> None:
+def check_args(args: Args) -> list[tuple[bool, str]]:
+    """This file's (condition, message) rows for Run: each false one stops the run."""
     flags = {k.replace("_", "-"): v for k, v in asdict(args).items()}
     batch_size = args.num_envs * args.num_steps
     rows = [(flags[k] > 0, f"--{k} must be positive, got {flags[k]}") for k in POSITIVE]
@@ -510,7 +658,7 @@ def check_args(args: Args) -> None:
     rows.append((divides, f"a rollout ({batch_size} steps) is not divisible by --num-minibatches"))
     enough = args.eval_only or args.total_steps >= batch_size
     rows.append((enough, f"--total-steps is less than one rollout ({batch_size} steps); raise it"))
-    check_flags(args, rows)
+    return rows
 
 
 def not_atari(env_id: str, games: dict[str, str]) -> str:
@@ -536,25 +684,43 @@ def not_atari(env_id: str, games: dict[str, str]) -> str:
     return f"{env_id} is not an Atari game; use <Game>NoFrameskip-v4 or ALE/<Game>-v5"
 
 
+def set_learning_rate(optimizer, lr: torch.Tensor, rate: float) -> None:
+    """Fill `rate` into the 0-dim tensor `lr` and make it the optimizer's rate (again, after a
+    resume loaded the checkpoint's): a compiled update reads the new value, no recompile."""
+    optimizer.param_groups[0]["lr"] = lr.fill_(rate)
+
+
+def as_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim tensors as Python floats, read in one stack: one wait for a GPU, not one per value."""
+    return dict(zip(values, torch.stack(list(values.values())).tolist()))
+
+
 def checkpoint_state(agent, optimizer, iteration: int, horizon: int, generator) -> dict:
-    rng = rng_state(torch=torch.default_generator, minibatch=generator)
-    model = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng}
-    return {"iteration": iteration, "schedule_steps": horizon, **model}
+    """The file's part of a checkpoint: weights, optimizer, counters, lr horizon, generators."""
+    rng = Run.rng_state(torch=torch.default_generator, minibatch=generator)
+    return {
+        "iteration": iteration,
+        "schedule_steps": horizon,
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": rng,
+    }
 
 
-def restore(args: Args, agent, optimizer, generator, total: int) -> tuple[int, int, int]:
+def restore(args: Args, run: Run, agent, optimizer, generator, total: int) -> tuple[int, int, int]:
     """(global_step, iteration, anneal horizon H of detail 6), from --resume's checkpoint if any."""
-    ckpt = None
-    if args.resume:
-        ckpt = resume_checkpoint(args, same=("num_envs", "num_steps", "frame_stack", "protocol"))
+    ckpt = run.resume_checkpoint(same=("num_envs", "num_steps", "frame_stack", "protocol"))
     if args.schedule_steps is not None:
-        horizon, source = args.schedule_steps, "set by --schedule-steps"
+        horizon = args.schedule_steps
+        source = "set by --schedule-steps"
     elif ckpt is not None:
-        horizon, source = ckpt["schedule_steps"], "the schedule of the checkpoint"
+        horizon = ckpt["schedule_steps"]
+        source = "the schedule of the checkpoint"
     else:
-        horizon, source = total, "this run's steps"
+        horizon = total
+        source = "this run's steps"
     if args.anneal_lr and horizon < total:
-        raise fail(
+        raise Run.fail(
             f"--total-steps {args.total_steps} runs past the lr anneal's end at step {horizon} "
             f"({source}); pass --schedule-steps {total} (or more), or --no-anneal-lr"
         )
@@ -562,7 +728,7 @@ def restore(args: Args, agent, optimizer, generator, total: int) -> tuple[int, i
         return 0, 0, horizon
     agent.load_state_dict(ckpt["agent"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=generator)
+    Run.set_rng_state(ckpt["rng"], torch=torch.default_generator, minibatch=generator)
     return ckpt["global_step"], ckpt["iteration"], horizon
 
 
@@ -577,21 +743,19 @@ def sample_actions(agent: Agent, obs: np.ndarray, device, generator: torch.Gener
 def evaluate(agent: Agent, atari: dict, episodes: int, seed: int, device, stop=(), video_dir=None):
     """Unclipped scores of full games of the sampled policy (detail 8), and how many were capped."""
     # game i is seeded seed + i; a signal (`stop`) cuts the evaluation short
-    envs = make_envs(episodes, **atari)
-    obs, info = envs.reset(seed=seed)
+    envs = LifeProtocol(make_envs(episodes, **atari), atari["baselines"])
+    obs = envs.reset(seed=seed)
     generator = torch.Generator().manual_seed(seed)
-    scores, (finished, capped, forced) = np.zeros(episodes), np.zeros((3, episodes), bool)
+    scores = np.zeros(episodes)
+    finished = np.zeros(episodes, bool)
+    capped = np.zeros(episodes, bool)
     while not finished.all() and not stop:
         actions = sample_actions(agent, obs, device, generator)
-        if forced.any():  # detail 3 (baselines: FIRE after a lost life; never under machado)
-            actions[forced] = envs.fire
-        lives = info["lives"]
-        obs, reward, term, trunc, info = envs.step(actions)
-        forced = (info["lives"] < lives) & ~(term | trunc) & (envs.fire is not None)
+        obs, reward, ended, _, cut, _ = envs.step(actions)  # FIRE after a lost life (detail 3)
         scores += reward * ~finished  # games that ended keep running; ignore them
-        capped |= trunc & ~term & ~finished
-        finished |= term | trunc
-    envs.close()
+        capped |= cut & ~finished
+        finished |= ended
+    envs.vec.close()
     extra = {"eval_capped_games": int(capped.sum())}
     if video_dir is not None and not stop:
         extra["eval_video_return"] = record_video(agent, atari, video_dir, seed + 10_000, device)
@@ -608,206 +772,290 @@ def record_video(agent: Agent, atari: dict, video_dir: Path, seed: int, device) 
     if fire is not None:  # as use_fire_reset in the vector env
         frame, _, _, _, info = env.step(fire)
     stack = np.zeros((1, atari["frame_stack"], 84, 84), dtype=np.uint8)
-    generator, score, done, forced = torch.Generator().manual_seed(seed), 0.0, False, False
+    generator = torch.Generator().manual_seed(seed)
+    score = 0.0
+    done = False
+    forced = False  # FIRE is due after a lost life (detail 3)
     while not done:
-        stack = np.concatenate([stack[:, 1:], frame[None, None]], axis=1)
-        action, lives = int(sample_actions(agent, stack, device, generator)[0]), info["lives"]
+        stack = np.concatenate(
+            [stack[:, 1:], frame[None, None]], axis=1
+        )  # [1, frame_stack, 84, 84]
+        action = int(sample_actions(agent, stack, device, generator)[0])
+        lives = info["lives"]
         frame, reward, term, trunc, info = env.step(fire if forced else action)
-        score, done = score + float(reward), term or trunc
+        score += float(reward)
+        done = term or trunc
         forced = fire is not None and info["lives"] < lives and not done
     env.close()
     return score
 
 
-def eval_only(args: Args) -> None:
+def eval_only(args: Args, run: Run) -> None:
     """Repeat the final evaluation of --checkpoint's run: its env, seed, frame limit and stack."""
-    ckpt, device = load_checkpoint(args.checkpoint), seed_and_pick_device(args)
-    run = {"frame_stack": 4, "protocol": "auto", **ckpt["args"]}  # older checkpoints lack these
-    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], run["frame_stack"])
+    ckpt = Run.load_checkpoint(args.checkpoint)
+    flags = {"frame_stack": 4, "protocol": "auto", **ckpt["args"]}  # older checkpoints lack these
+    agent = Agent(ckpt["agent"]["actor.weight"].shape[0], flags["frame_stack"])
     agent.load_state_dict(ckpt["agent"])
-    agent = agent.to(device, memory_format=torch.channels_last)
-    video_dir = run_dir_for(args, args.checkpoint) / "videos" if args.capture_video else None
-    seed = run["seed"] + 10_000  # the run's final evaluation (detail 8)
-    result = evaluate(
-        agent, atari_settings(run), args.eval_episodes, seed, device, video_dir=video_dir
-    )
-    write_eval_only(args, ckpt, result)
+    agent = agent.to(run.device, memory_format=torch.channels_last)
+    seed = flags["seed"] + 10_000  # the run's final evaluation (detail 8)
+    atari = atari_settings(flags)
+    result = evaluate(agent, atari, args.eval_episodes, seed, run.device, video_dir=run.video_dir)
+    run.write_eval_only(ckpt, result)
 
 
-# ===== run harness: the same text in every file of algos/ (tests/test_harness.py compares them),
-# no algorithm knowledge: errors, checks, seeding, checkpoints, signals and the run's outputs
-# (README.md's "Usage" says what a run writes). Change it in one file, then copy it to the others.
-SCRIPT, ALGO = Path(__file__).name, Path(__file__).stem
+# ===== run harness: the same text in every file of algos/, written from benchmark/run_harness.py
+# by `python -m benchmark harness`. No algorithm knowledge: flag checks, seeding and the device,
+# checkpoints, stop signals and the run's outputs (README.md's "Usage" says what a run writes).
+# The code above reaches all of it through one name, `run` (the class `Run`): skip those lines
+# to read the algorithm alone.
+SCRIPT = Path(__file__).name
+ALGO = Path(__file__).stem
 
 
-def fail(message: str) -> SystemExit:
-    """`raise fail(...)`: one line on stderr and exit status 1."""
-    return SystemExit(f"{SCRIPT}: error: {message}")
+class Run:
+    """One training run's plumbing: checks, seeding, device, signals, logs and checkpoints.
 
+    run = Run(args, checks)                    # check the flags, seed, pick run.device,
+                                               # catch SIGINT/SIGTERM in run.stop
+    ckpt = run.resume_checkpoint(same=(...))   # --resume's checkpoint, or None
+    with run.start(step, total, state=..., evaluate=...):   # config.json, TensorBoard
+        while step < total and not run.stop:
+            ...                                # the algorithm; run.episode(...), run.log(...)
+            run.end_iteration(step)            # evaluations, checkpoints, progress as due
+        run.finish(step)                       # checkpoint, final evaluation, summary.json
 
-def check_flags(args, rows: list[tuple[bool, str]]) -> None:
-    """Stop at the first false (condition, message) row, the common flags' rows first."""
-    intervals = min(args.eval_interval, args.checkpoint_interval)
-    cuda = args.device != "cuda" or torch.cuda.is_available()
-    common = [
-        (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
-        (args.eval_episodes >= 1, f"--eval-episodes must be at least 1, got {args.eval_episodes}"),
-        (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
-        (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
-        (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
-        (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
-        (not args.track or importlib.util.find_spec("wandb"), "--track needs wandb (pip install)"),
-    ]
-    for ok, message in common + rows:
-        if not ok:
-            raise fail(message)
+    `state()` returns the file's checkpoint dict; `evaluate(video_dir)` returns the evaluation's
+    returns, or (returns, {"eval_<name>": value}).
+    """
 
+    def __init__(self, args, checks: list[tuple[bool, str]] = ()) -> None:
+        """Stop at the first failed check (the common flags' first), then seed and pick the
+        device; --run-dir must not name a file."""
+        Run.check_flags(args, list(checks))
+        self.args = args
+        self.device = Run.seed_and_pick_device(args)
+        self.run_dir = Run.run_dir_for(args, args.checkpoint if args.eval_only else args.resume)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise Run.fail(f"--run-dir {self.run_dir} is a file; pass a folder's path")
+        self.checkpoint = self.run_dir / "checkpoints" / "latest.pt"
+        self.stop: list[int] = []  # made true by the first SIGINT or SIGTERM
+        if not args.eval_only:
+            catch_stop_signals(self.stop)
 
-def seed_and_pick_device(args) -> torch.device:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
-    for seed in (random.seed, np.random.seed, torch.manual_seed):  # torch: CPU and every GPU
-        seed(args.seed)
-    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
+    # ------------------------------------------------------------ errors and checks
+    @staticmethod
+    def fail(message: str) -> SystemExit:
+        """`raise Run.fail(...)`: one line on stderr and exit status 1."""
+        return SystemExit(f"{SCRIPT}: error: {message}")
 
+    @staticmethod
+    def check_flags(args, rows: list[tuple[bool, str]]) -> None:
+        """Stop at the first false (condition, message) row, the common flags' rows first."""
+        intervals = min(args.eval_interval, args.checkpoint_interval)
+        cuda = args.device != "cuda" or torch.cuda.is_available()
+        wandb = not args.track or importlib.util.find_spec("wandb")
+        common = [
+            (args.total_steps > 0, f"--total-steps must be positive, got {args.total_steps}"),
+            (
+                args.eval_episodes >= 1,
+                f"--eval-episodes must be at least 1, got {args.eval_episodes}",
+            ),
+            (intervals >= 0, "--eval-interval and --checkpoint-interval must be >= 0"),
+            (not args.eval_only or args.checkpoint, "--eval-only needs --checkpoint PATH"),
+            (not (args.eval_only and args.resume), "--eval-only cannot --resume; drop one"),
+            (cuda, "--device cuda but CUDA is not available; use --device cpu or auto"),
+            (wandb, "--track needs wandb (pip install)"),
+        ]
+        for ok, message in common + rows:
+            if not ok:
+                raise Run.fail(message)
 
-def compiled(fn, args, device: torch.device):
-    """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
-    if not args.compile:
-        return fn
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default")
+    @staticmethod
+    def every(step: int, previous_step: int, interval: int) -> bool:
+        """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
+        return interval > 0 and step // interval != previous_step // interval
 
+    # ------------------------------------------------------------ seeding, device, speed
+    @staticmethod
+    def seed_and_pick_device(args) -> torch.device:
+        """Seed python, numpy's global generator and torch (CPU and every GPU); the device."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed)
+        torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        return torch.device("cuda" if cuda else "cpu")
 
-def rng_state(**generators) -> dict:
-    """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
-    state = {k: getattr(g, "bit_generator", g) for k, g in generators.items()}
-    state = {k: g.get_state() if hasattr(g, "get_state") else g.state for k, g in state.items()}
-    cuda = torch.cuda.is_initialized()
-    return state | ({"cuda": torch.cuda.get_rng_state_all()} if cuda else {})
+    def compile(self, fn):
+        """`fn`, or with --compile torch.compile's `fn`; on CUDA its fixed shapes run as CUDA graphs."""
+        if not self.args.compile:
+            return fn
+        mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        return torch.compile(fn, mode=mode)
 
+    def graph_step(self) -> None:
+        """Before a compiled step on CUDA: the previous step's outputs have been read, so its CUDA
+        graph may overwrite them."""
+        if self.args.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
 
-def set_rng_state(state: dict, **generators) -> None:
-    for name, g in generators.items():
-        if hasattr(g, "set_state"):
-            g.set_state(state[name])
-        else:
-            g.bit_generator.state = state[name]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    def to_device(self, array: np.ndarray | torch.Tensor, dtype: torch.dtype | None = None):
+        """`array` as a tensor on the run's device (converted to `dtype` on the host first). To a
+        GPU it goes through pinned memory, so the host does not wait for the copy; the caching
+        host allocator keeps the pinned block until the copy is done."""
+        x = torch.as_tensor(array)
+        if dtype is not None:
+            x = x.to(dtype)
+        if self.device.type == "cuda":
+            x = x.pin_memory()
+        return x.to(self.device, non_blocking=True)
 
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+        """A zeroed host tensor to stage data for the device (pinned on a GPU run)."""
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
 
-def write_atomic(path: Path, data: dict) -> None:  # a kill mid-write leaves the last one whole
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2)) if path.suffix == ".json" else torch.save(data, tmp)
-    os.replace(tmp, path)
+    def upload(self, host: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """A host (staging) tensor on the run's device, without waiting for the copy; `copy`
+        makes a new tensor even where no copy is needed (the CPU), so the host may be refilled."""
+        return host.to(self.device, non_blocking=True, copy=copy)
 
+    @staticmethod
+    def polyak(target, source, tau: float) -> None:
+        """theta_target <- (1 - tau) theta_target + tau theta_source, for two modules or two lists
+        of tensors, in one fused call."""
+        if isinstance(target, torch.nn.Module):
+            target, source = target.parameters(), source.parameters()
+        with torch.no_grad():
+            torch._foreach_lerp_(list(target), list(source), tau)
 
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise fail(f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt")
-    except Exception as e:
-        raise fail(f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one")
-    if not isinstance(ckpt, dict) or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys():
-        raise fail(f"{path} is not a checkpoint written by this library")
-    if ckpt["algo"] != ALGO:
-        raise fail(f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py")
-    if env_id is not None and ckpt["env_id"] != env_id:
-        raise fail(f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
-    return ckpt
+    # ------------------------------------------------------------ checkpoints
+    @staticmethod
+    def rng_state(**generators) -> dict:
+        """The states of exactly the numpy or torch generators a file draws from, and CUDA's."""
+        state = {}
+        for name, generator in generators.items():
+            generator = getattr(generator, "bit_generator", generator)
+            if hasattr(generator, "get_state"):
+                state[name] = generator.get_state()
+            else:
+                state[name] = generator.state
+        if torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
 
+    @staticmethod
+    def set_rng_state(state: dict, **generators) -> None:
+        """Restore what rng_state() saved into the same generators."""
+        for name, generator in generators.items():
+            if hasattr(generator, "set_state"):
+                generator.set_state(state[name])
+            else:
+                generator.bit_generator.state = state[name]
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
-def resume_checkpoint(args, same: tuple[str, ...]) -> dict:
-    """--resume's checkpoint; refused below its step or when a flag in `same` differs."""
-    ckpt = load_checkpoint(args.resume, args.env_id)
-    if ckpt.get("harness") != 1:
-        raise fail(f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there")
-    if args.total_steps < ckpt["global_step"]:
-        raise fail(f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+")
-    for key in same:
-        flag, theirs = "--" + key.replace("_", "-"), ckpt["args"].get(key)
-        if key not in ckpt["args"]:
-            raise fail(f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it")
-        was = f"{flag} {theirs}"
-        if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
-            was = flag if theirs else "--no-" + flag[2:]
-        if theirs != getattr(args, key):
-            raise fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
-    return ckpt
+    @staticmethod
+    def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+        """On the CPU with weights_only: a stranger's checkpoint cannot run code."""
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            message = f"checkpoint {path} does not exist; pass the path of a checkpoints/latest.pt"
+            raise Run.fail(message)
+        except Exception as e:
+            raise Run.fail(
+                f"cannot read checkpoint {path} ({type(e).__name__}): corrupt or not one"
+            )
+        if (
+            not isinstance(ckpt, dict)
+            or not {"algo", "env_id", "args", "global_step"} <= ckpt.keys()
+        ):
+            raise Run.fail(f"{path} is not a checkpoint written by this library")
+        if ckpt["algo"] != ALGO:
+            raise Run.fail(
+                f"checkpoint {path} was written by {ckpt['algo']}.py; use {ckpt['algo']}.py"
+            )
+        if env_id is not None and ckpt["env_id"] != env_id:
+            raise Run.fail(
+                f"checkpoint {path} is for {ckpt['env_id']}; pass --env-id {ckpt['env_id']}"
+            )
+        return ckpt
 
+    def resume_checkpoint(self, same: tuple[str, ...] | list[str]) -> dict | None:
+        """--resume's checkpoint (None without --resume); refused below its step or when a flag
+        in `same` differs."""
+        args = self.args
+        if not args.resume:
+            return None
+        ckpt = Run.load_checkpoint(args.resume, args.env_id)
+        if ckpt.get("harness") != 1:
+            raise Run.fail(
+                f"checkpoint {args.resume} was written by an older {SCRIPT}; resume it there"
+            )
+        if args.total_steps < ckpt["global_step"]:
+            raise Run.fail(
+                f"--total-steps is below the checkpoint's step; pass {ckpt['global_step']}+"
+            )
+        for key in same:
+            flag = "--" + key.replace("_", "-")
+            theirs = ckpt["args"].get(key)
+            if key not in ckpt["args"]:
+                raise Run.fail(
+                    f"checkpoint {args.resume} predates {flag}; use the {SCRIPT} that wrote it"
+                )
+            was = f"{flag} {theirs}"
+            if isinstance(theirs, bool):  # tyro spells a boolean --x / --no-x
+                was = flag if theirs else "--no-" + flag[2:]
+            if theirs != getattr(args, key):
+                raise Run.fail(f"checkpoint {args.resume} was made with {was}; pass {was}")
+        return ckpt
 
-def run_dir_for(args, checkpoint: str | None) -> Path:
-    if args.run_dir:
-        return Path(args.run_dir)
-    if checkpoint:  # --resume, --eval-only: the folder above the checkpoint's checkpoints/
-        folder = Path(checkpoint).resolve().parent
-        return folder.parent if folder.name == "checkpoints" else folder
-    name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return Path("runs", name)
+    @staticmethod
+    def run_dir_for(args, checkpoint: str | None) -> Path:
+        """--run-dir; else the folder above a checkpoint's checkpoints/; else a new one in runs/."""
+        if args.run_dir:
+            return Path(args.run_dir)
+        if checkpoint:
+            folder = Path(checkpoint).resolve().parent
+            return folder.parent if folder.name == "checkpoints" else folder
+        name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        return Path("runs", name)
 
+    @property
+    def video_dir(self) -> Path | None:
+        """Where evaluation videos go, with --capture-video."""
+        return self.run_dir / "videos" if self.args.capture_video else None
 
-def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
-    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value})."""
-    returns, extra = result if isinstance(result, tuple) else (result, {})
-    returns = [float(r) for r in returns]
-    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
-    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
-
-
-def write_eval_only(args, ckpt: dict, result, **extra) -> None:
-    path = run_dir_for(args, args.checkpoint) / "eval.json"
-    info = {"script": SCRIPT, "algo": ALGO, "env_id": ckpt["env_id"], "seed": ckpt["args"]["seed"]}
-    info |= {"checkpoint": str(args.checkpoint), "global_step": ckpt["global_step"]}
-    write_atomic(path, info := {**info, **eval_fields(result)[0], **extra})
-    print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
-
-
-def stop_signal() -> list[int]:
-    """A list that the first SIGINT or SIGTERM makes true; a second one kills at once."""
-    caught = []
-
-    def on_signal(signum, _frame) -> None:
-        caught.append(signum)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return caught
-
-
-def every(step: int, previous_step: int, interval: int) -> bool:
-    """True when a multiple of `interval` lies in (previous_step, step]; never when it is 0."""
-    return interval > 0 and step // interval != previous_step // interval
-
-
-class RunLogger:
-    """config.json, TensorBoard (and W&B), progress, evaluations, checkpoints and summary.json."""
-
-    def __init__(self, args, run_dir: Path, start_step: int, total_steps: int, resumed, **config):
-        self.args, self.run_dir, self.total_steps = args, run_dir, total_steps
-        self.start_step = self.step = start_step
-        self.checkpoint = run_dir / "checkpoints" / "latest.pt"
-        config = {**asdict(args), "run_dir": str(run_dir), **config}
-        write_atomic(run_dir / "config.json", config)
+    # ------------------------------------------------------------ the run's life
+    def start(self, step: int, total_steps: int, state, evaluate, **about) -> Run:
+        """Write config.json (the flags, the device and `about`), open TensorBoard (and W&B);
+        `with` closes them."""
+        args = self.args
+        self.state, self.evaluate = state, evaluate
+        self.total_steps = total_steps
+        self.start_step = self.step = step
+        resumed = args.resume is not None
+        config = {**asdict(args), "run_dir": str(self.run_dir)}
+        config |= {"resolved_device": str(self.device), **about}
+        write_atomic(self.run_dir / "config.json", config)
         self.wandb = importlib.import_module("wandb") if args.track else None  # only when asked
         if self.wandb is not None:
             init = dict(project=args.wandb_project_name, config=config, sync_tensorboard=True)
-            self.wandb.init(**init, dir=str(run_dir), name=run_dir.name, resume="allow")
+            self.wandb.init(**init, dir=str(self.run_dir), name=self.run_dir.name, resume="allow")
         # on resume, TensorBoard hides what an earlier attempt logged after the checkpoint
-        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        purge_step = step + 1 if resumed else None
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         if not resumed:
             table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.recent, self.loop_start, self.last_print = deque(maxlen=20), time.time(), 0.0
+        self.recent = deque(maxlen=20)
+        self.loop_start = time.time()
+        self.last_print = 0.0
         self.bad_step = torch.tensor(-1)  # the first step with a non-finite loss
+        return self
 
-    def __enter__(self) -> RunLogger:
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, error, _traceback) -> None:
@@ -816,16 +1064,19 @@ class RunLogger:
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
             self.wandb.finish(exit_code=int(failed))
 
-    def scalars(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict) -> None:
+        """TensorBoard scalars {tag: number or 0-dim tensor} at `step`."""
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), step)
 
     def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """A finished training episode: logged, and kept for the progress line."""
         self.recent.append(float(episodic_return))
-        self.scalars(step, {"charts/episodic_return": self.recent[-1]})
-        self.scalars(step, {"charts/episodic_length": length})
+        self.log(step, {"charts/episodic_return": self.recent[-1]})
+        self.log(step, {"charts/episodic_length": length})
 
     def sps(self, step: int) -> float:
+        """Environment steps per second of the training loop so far."""
         return (step - self.start_step) / max(time.time() - self.loop_start, 1e-9)
 
     def check_finite(self, value: torch.Tensor, step: int) -> None:
@@ -836,51 +1087,104 @@ class RunLogger:
             self.stop_if_bad()
 
     def stop_if_bad(self) -> None:
-        if (step := int(self.bad_step)) >= 0:  # on a GPU this waits for the device
-            raise fail(f"non-finite loss at step {step:,}; try lower learning rates")
+        """Raise the non-finite loss's error, if one was seen (on a GPU this waits for it)."""
+        if (step := int(self.bad_step)) >= 0:
+            raise Run.fail(f"non-finite loss at step {step:,}; try lower learning rates")
 
-    def evaluate(self, step: int, evaluate, stop, video_dir: Path | None = None) -> dict | None:
+    def evaluate_and_log(self, step: int, video_dir: Path | None = None) -> dict | None:
         """`evaluate(video_dir)`, logged as eval/*; None when a signal cut it short."""
-        result, extra = eval_fields(evaluate(video_dir))
-        if not stop:
-            extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
-            self.scalars(step, {"eval/episodic_return": result["eval_mean"], **extra})
-            return result
+        result, extra = eval_fields(self.evaluate(video_dir))
+        if self.stop:
+            return None
+        extra = {"eval/" + k.removeprefix("eval_"): v for k, v in extra.items()}
+        self.log(step, {"eval/episodic_return": result["eval_mean"], **extra})
+        return result
 
-    def end_iteration(self, step: int, stop, evaluate, state) -> None:
+    def end_iteration(self, step: int) -> None:
         """Evaluate and save as their intervals pass (finish() does both at the end); progress."""
-        previous, self.step = self.step, step
-        if stop or step >= self.total_steps:
+        previous = self.step
+        self.step = step
+        if self.stop or step >= self.total_steps:
             return
-        if every(step, previous, self.args.eval_interval):
-            self.evaluate(step, evaluate, stop)
-        if every(step, previous, self.args.checkpoint_interval) and not stop:
-            self.save(step, state())  # (a signal during the evaluation: finish() saves)
+        if Run.every(step, previous, self.args.eval_interval):
+            self.evaluate_and_log(step)
+        if Run.every(step, previous, self.args.checkpoint_interval) and not self.stop:
+            self.save(step)  # (a signal during the evaluation: finish() saves)
         if time.time() - self.last_print >= 5:
             self.stop_if_bad()
-            self.last_print, sps = time.time(), self.sps(step)
-            ret = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
+            self.last_print = time.time()
+            sps = self.sps(step)
+            recent = f"{np.mean(self.recent):.1f}" if self.recent else "n/a"
             eta = int((self.total_steps - step) / max(sps, 1e-9))
-            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {ret}"
+            line = f"step {step:,}/{self.total_steps:,} | {sps:.0f} SPS | return {recent}"
             print(f"{line} | eta {eta // 3600}h{eta % 3600 // 60:02d}m", flush=True)
 
-    def save(self, step: int, state: dict) -> None:
+    def save(self, step: int) -> None:
+        """checkpoints/latest.pt: the file's state() and what a resume checks."""
         self.stop_if_bad()  # no checkpoint of non-finite weights
-        meta = {"algo": ALGO, "harness": 1, "env_id": self.args.env_id, "args": asdict(self.args)}
-        write_atomic(self.checkpoint, {**meta, "global_step": step, **state})
+        args = self.args
+        meta = {"algo": ALGO, "harness": 1, "env_id": args.env_id, "args": asdict(args)}
+        write_atomic(self.checkpoint, {**meta, "global_step": step, **self.state()})
 
-    def finish(self, step: int, stop, evaluate, state, **extra) -> None:
+    def finish(self, step: int, **extra) -> None:
         """Save; unless a signal came, evaluate (with videos) and write summary.json: finished."""
         sps = self.sps(step)
-        self.save(step, state())
-        video_dir = self.run_dir / "videos" if self.args.capture_video else None
-        result = None if stop else self.evaluate(step, evaluate, stop, video_dir)
+        self.save(step)
+        result = None if self.stop else self.evaluate_and_log(step, self.video_dir)
         if result is None:
-            return print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
-        info = {"script": SCRIPT, "algo": ALGO, "env_id": self.args.env_id, "seed": self.args.seed}
+            print(f"interrupted: continue with --resume {self.checkpoint}", flush=True)
+            return
+        args = self.args
+        info = {"script": SCRIPT, "algo": ALGO, "env_id": args.env_id, "seed": args.seed}
         info |= {"global_step": step, "sps": sps, **result, **extra}
         write_atomic(self.run_dir / "summary.json", info)
         print(f"done: {step:,} steps, eval {result['eval_mean']:.2f} -> {self.run_dir}", flush=True)
+
+    def write_eval_only(self, ckpt: dict, result, **extra) -> None:
+        """--eval-only's eval.json beside the checkpoint's run: `evaluate`'s result and `extra`."""
+        path = self.run_dir / "eval.json"
+        info = {
+            "script": SCRIPT,
+            "algo": ALGO,
+            "env_id": ckpt["env_id"],
+            "seed": ckpt["args"]["seed"],
+        }
+        info |= {"checkpoint": str(self.args.checkpoint), "global_step": ckpt["global_step"]}
+        info |= {**eval_fields(result)[0], **extra}
+        write_atomic(path, info)
+        print(f"eval at step {ckpt['global_step']:,}: {info['eval_mean']:.2f} -> {path}")
+
+
+def catch_stop_signals(caught: list[int]) -> None:
+    """Make `caught` true at the first SIGINT or SIGTERM; a second one kills at once."""
+
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON or torch.save through a temporary file: a kill mid-write leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(data, indent=2))
+    else:
+        torch.save(data, tmp)
+    os.replace(tmp, path)
+
+
+def eval_fields(result: list[float] | tuple[list[float], dict]) -> tuple[dict, dict]:
+    """summary.json's eval_* fields of `evaluate`'s returns or (returns, {"eval_<name>": value}),
+    and the extra ones alone."""
+    returns, extra = result if isinstance(result, tuple) else (result, {})
+    returns = [float(r) for r in returns]
+    stats = {"eval_mean": float(np.mean(returns)), "eval_std": float(np.std(returns))}
+    return {**stats, "eval_episodes": len(returns), "eval_returns": returns, **extra}, extra
 
 
 if __name__ == "__main__":

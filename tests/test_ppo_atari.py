@@ -142,60 +142,73 @@ class ValueOfMean(torch.nn.Module):
         return torch.zeros(len(obs), 4), obs.float().mean((1, 2, 3))
 
 
-def test_step_targets_fake_step():
+class OneStep:
+    """Fake vector env for LifeProtocol: reset gives `lives`, the step returns the given outcome."""
+
+    fire = 1
+
+    def __init__(self, lives, term, trunc, info):
+        self.lives, self.outcome = lives, (term, trunc, info)
+
+    def reset(self, seed=None):
+        return np.zeros((len(self.lives), 4, 84, 84), np.uint8), {"lives": self.lives}
+
+    def step(self, actions):
+        term, trunc, info = self.outcome
+        return np.zeros((len(term), 4, 84, 84), np.uint8), np.zeros(len(term)), term, trunc, info
+
+
+def test_life_protocol_and_bootstrap_fake_step():
     # env 0 goes on, 1 loses a life, 2 hits the time limit, 3 hits it at game over
     term, trunc = np.array([False, False, False, True]), np.array([False, False, True, True])
     final_obs = np.stack([np.full((4, 84, 84), 10 * (i + 1), dtype=np.uint8) for i in range(4)])
     info = {"lives": np.array([3, 2, 5, 5]), "final_obs": final_obs}
-    agent = ValueOfMean()
-    terminal, cut, _, value = ppo.step_targets(
-        agent, term, trunc, info, np.array([3, 3, 1, 1]), True, torch.device("cpu")
-    )
+    envs = ppo.LifeProtocol(OneStep(np.array([3, 3, 1, 1]), term, trunc, info), True)
+    envs.reset(seed=0)
+    _, _, ended, terminal, cut, final = envs.step(np.zeros(4, np.int64))
     assert terminal.tolist() == [False, True, False, True] and cut.tolist() == [
         False,
         False,
         True,
         False,
     ]
+    assert ended.tolist() == [False, False, True, True]
+    assert envs.forced.tolist() == [False, True, False, False]  # FIRE is due where a life was lost
+    agent = ValueOfMean()
+    value = ppo.bootstrap_values(agent, final, cut, torch.device("cpu"))
     assert value.tolist() == [0.0, 0.0, 30.0, 0.0]  # V of env 2's real last observation only
     assert len(agent.seen) == 1 and torch.equal(agent.seen[0], torch.from_numpy(final_obs[[2]]))
-    _, cut, _, value = ppo.step_targets(
-        agent,
-        term[:1],
-        trunc[:1],
-        {"lives": np.array([3])},
-        np.array([3]),
-        True,
-        torch.device("cpu"),
+    envs = ppo.LifeProtocol(
+        OneStep(np.array([3]), term[:1], trunc[:1], {"lives": np.array([3])}), True
     )
+    envs.reset(seed=0)
+    _, _, _, _, cut, final = envs.step(np.zeros(1, np.int64))
+    value = ppo.bootstrap_values(agent, final, cut, torch.device("cpu"))
     assert (
-        not cut.any() and value.tolist() == [0.0] and len(agent.seen) == 1
+        not cut.any() and final is None and value.tolist() == [0.0] and len(agent.seen) == 1
     )  # no forward pass without a cut
 
 
-def test_step_targets_real_truncation():
+def test_life_protocol_and_bootstrap_real_truncation():
     """On the real vector env with a 40-frame limit: the bootstrap is V(final_obs), not V(reset obs)."""
     torch.manual_seed(0)
     agent = ppo.Agent(4)
-    envs = ppo.make_envs(2, "breakout", 0.0, 40, 4, True)
-    obs, info = envs.reset(seed=0)
-    lives, rng = info["lives"], np.random.default_rng(0)
+    envs = ppo.LifeProtocol(ppo.make_envs(2, "breakout", 0.0, 40, 4, True), True)
+    envs.reset(seed=0)
+    rng = np.random.default_rng(0)
     for _ in range(30):
-        obs, _, term, trunc, info = envs.step(rng.integers(0, 4, size=2))
-        terminal, cut, _, value = ppo.step_targets(
-            agent, term, trunc, info, lives, True, torch.device("cpu")
-        )
-        lives = info["lives"]
+        obs, _, _, terminal, cut, final = envs.step(rng.integers(0, 4, size=2))
+        value = ppo.bootstrap_values(agent, final, cut, torch.device("cpu"))
         if cut.any():
             break
-    envs.close()
+    envs.vec.close()
     assert cut.all() and not terminal.any(), "both games should hit the 40-frame limit together"
     with torch.inference_mode():
-        expected = agent(torch.from_numpy(info["final_obs"]))[1]
+        expected = agent(torch.from_numpy(final))[1]
         after_reset = agent(torch.from_numpy(obs))[1]
     torch.testing.assert_close(value, expected)
     assert not torch.allclose(value, after_reset)  # the returned obs is the new game's
-    assert (obs[:, :3] == 0).all() and (info["final_obs"][:, :3] != 0).any()
+    assert (obs[:, :3] == 0).all() and (final[:, :3] != 0).any()
 
 
 def test_ppo_losses_clip():
@@ -203,25 +216,26 @@ def test_ppo_losses_clip():
     old = torch.zeros(3)
     new = torch.log(t([1.5, 0.5, 1.0]))  # ratios 1.5 (clipped to 1.1), 0.5 (clipped to 0.9), 1
     values, old_values, returns = t([2.0, 0.0, 0.0]), t([0.0, 0.0, 0.0]), t([0.0, 0.0, 1.0])
-    pg, vl, kl, clipfrac = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, True)
+    losses = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, True)
+    assert set(losses) == {"policy_loss", "value_loss", "approx_kl", "clipfrac"}
     # -min(r A, clip(r) A): -1.1, +0.9, -1.0
-    assert pg.item() == pytest.approx((-1.1 + 0.9 - 1.0) / 3)
+    assert losses["policy_loss"].item() == pytest.approx((-1.1 + 0.9 - 1.0) / 3)
     # clipped value loss takes the max: (2-0)^2 vs (0.1-0)^2 -> 4; 0; (0-1)^2 vs (0-1)^2 -> 1
-    assert vl.item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
-    assert clipfrac.item() == pytest.approx(2 / 3)
-    _, vl_plain, _, _ = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, False)
-    assert vl_plain.item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
-    _, vl_c, _, _ = ppo.ppo_losses(
-        new, old, adv, t([0.5, 0, 0]), old_values, t([1.0, 0, 0]), 0.1, True
-    )
-    assert vl_c.item() == pytest.approx(0.5 * 0.81 / 3)  # (0.1 - 1)^2 > (0.5 - 1)^2
+    assert losses["value_loss"].item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
+    assert losses["clipfrac"].item() == pytest.approx(2 / 3)
+    plain = ppo.ppo_losses(new, old, adv, values, old_values, returns, 0.1, False)
+    assert plain["value_loss"].item() == pytest.approx(0.5 * (4 + 0 + 1) / 3)
+    clipped = ppo.ppo_losses(new, old, adv, t([0.5, 0, 0]), old_values, t([1.0, 0, 0]), 0.1, True)
+    assert clipped["value_loss"].item() == pytest.approx(
+        0.5 * 0.81 / 3
+    )  # (0.1 - 1)^2 > (0.5 - 1)^2
     # a forced FIRE (acted 0) is left out of the policy loss, not of the value loss
-    pg_m, vl_m, _, _ = ppo.ppo_losses(
+    masked = ppo.ppo_losses(
         new, old, adv, values, old_values, returns, 0.1, True, t([1.0, 0.0, 1.0])
     )
-    assert pg_m.item() == pytest.approx((-1.1 - 1.0) / 2) and vl_m.item() == pytest.approx(
-        vl.item()
-    )
+    assert masked["policy_loss"].item() == pytest.approx((-1.1 - 1.0) / 2) and masked[
+        "value_loss"
+    ].item() == pytest.approx(losses["value_loss"].item())
 
 
 @pytest.mark.parametrize("stack", [1, 4])
@@ -510,15 +524,15 @@ def test_resume_equals_the_uninterrupted_run(tmp_path, constant_game, monkeypatc
         assert scalars(tmp_path / "whole", tag) == scalars(tmp_path / "cut", tag), tag
     assert summary(tmp_path / "whole")["eval_returns"] == summary(tmp_path / "cut")["eval_returns"]
 
-    real_set_rng = ppo.set_rng_state
+    real_set_rng = ppo.Run.set_rng_state
     controls = {
         "no_minibatch": (
-            ppo,
+            ppo.Run,
             "set_rng_state",
             lambda state, **g: real_set_rng(state, torch=g["torch"]),
         ),
         "no_torch": (
-            ppo,
+            ppo.Run,
             "set_rng_state",
             lambda state, **g: real_set_rng(state, minibatch=g["minibatch"]),
         ),
@@ -606,7 +620,7 @@ def test_rollout_forces_fire_after_a_lost_life_and_masks_it(
     monkeypatch.setattr(
         ppo,
         "update",
-        lambda step, batch, *a: batches.append(batch) or real(step, batch, *a),
+        lambda ppo_step, batch, *a: batches.append(batch) or real(ppo_step, batch, *a),
     )
     monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: ([0.0], {}))  # these games never end
     ppo.train(ppo.Args(**FAKE, total_steps=32, protocol=protocol, run_dir=str(tmp_path / "r")))
@@ -706,8 +720,8 @@ def tiny_ckpt(tmp_path):
     )
     path = tmp_path / "run" / "checkpoints" / "latest.pt"
     args = ppo.Args(seed=3, frame_stack=2, **TINY_ARGS)
-    logger = SimpleNamespace(args=args, checkpoint=path, stop_if_bad=lambda: None)
-    ppo.RunLogger.save(logger, 256, state)  # what the run's logger writes
+    run = SimpleNamespace(args=args, checkpoint=path, stop_if_bad=lambda: None, state=lambda: state)
+    ppo.Run.save(run, 256)  # what the run's harness writes
     return path, agent
 
 
@@ -737,16 +751,15 @@ def test_signal_skips_eval_saves_and_finishes_wandb(
     """SIGTERM in the first step: the rollout (which runs the truncation bootstrap, 10-step games)
     ends, the due evaluation is skipped, the checkpoint is saved, W&B finished, and a second
     signal would kill."""
-    cuts, evals, real = [], [], ppo.step_targets
+    cuts, evals, real = [], [], ppo.bootstrap_values
 
-    def spy(agent, term, trunc, info, prev_lives, baselines, device):
+    def spy(agent, final_obs, cut, device):
         if not cuts:
             os.kill(os.getpid(), signal.SIGTERM)
-        out = real(agent, term, trunc, info, prev_lives, baselines, device)
-        cuts.append(int(out[1].sum()))
-        return out
+        cuts.append(int(cut.sum()))
+        return real(agent, final_obs, cut, device)
 
-    monkeypatch.setattr(ppo, "step_targets", spy)
+    monkeypatch.setattr(ppo, "bootstrap_values", spy)
     monkeypatch.setattr(ppo, "evaluate", lambda *a, **k: evals.append(a) or ([0.0], {}))
     run_dir = tmp_path / "r"
     ppo.train(
@@ -774,11 +787,11 @@ def test_non_finite_loss_stops_keeps_checkpoint_and_fails_wandb(
     was, no summary, and W&B finished with the failure's exit code."""
     real, calls = ppo.update, []
 
-    def blow_up_second(step, batch, generator, args):
+    def blow_up_second(ppo_step, batch, generator, args, run):
         calls.append(1)
-        if len(calls) == 2:  # step: ppo_step with its agent and optimizer bound
-            step.args[1].param_groups[0]["lr"].fill_(1e38)
-        return real(step, batch, generator, args)
+        if len(calls) == 2:  # ppo_step with its agent and optimizer bound
+            ppo_step.args[1].param_groups[0]["lr"].fill_(1e38)
+        return real(ppo_step, batch, generator, args, run)
 
     monkeypatch.setattr(ppo, "update", blow_up_second)
     with pytest.raises(
