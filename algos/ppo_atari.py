@@ -257,35 +257,44 @@ def make_env(atari: dict, video_dir: Path) -> gym.Env:
 
 
 def learning_flags(terminated, truncated, lives, prev_lives, baselines: bool):
-    """(terminal, truncation, life lost) of one vector step, numpy bool arrays (detail 3)."""
-    # A lost life is terminal under baselines only (the game goes on); a game over at the time limit
-    # is terminal. After a game ends `lives` is the new game's: compared only where none ended.
+    """(terminal, time-limit cut, life lost) of one vector step, numpy bool arrays (detail 3)."""
+    # After a game ends `lives` is the new game's: only a drop within a game is a lost life.
     life_lost = (lives < prev_lives) & ~(terminated | truncated)
-    return terminated | (life_lost & baselines), truncated & ~terminated, life_lost
+    # baselines: a lost life ends the return too
+    terminal = terminated | (life_lost & baselines)
+    # a game over at the time limit is terminal, not a cut
+    cut = truncated & ~terminated
+    return terminal, cut, life_lost
 
 
 class LifeProtocol:
-    """The vector env under detail 3's protocol: FIRE forced after a lost life, learning flags."""
+    """The vector env under detail 3's life and FIRE protocol (the wrapper the Atari files share).
 
-    def __init__(self, envs, baselines: bool):
+    reset(seed) -> obs. step(actions) -> obs, reward, game ended, terminal, time-limit cut, and
+    the real final observations where a game was cut (None when none was; detail 4's bootstrap).
+    Between steps, per env: `forced`: the next step must be FIRE (baselines, after a lost life, in
+    games with FIRE); step() presses it whatever action it is given. `lives`: the count.
+    """
+
+    def __init__(self, envs: AtariVectorEnv, baselines: bool):
         self.vec = envs
         self.baselines = baselines
 
     def reset(self, seed: int) -> np.ndarray:
-        """New games (game i seeded seed + i), none owing a FIRE; their first observations."""
+        """New games (env i seeded seed + i); none is forced."""
         obs, info = self.vec.reset(seed=seed)
         self.lives = info["lives"]
-        self.forced = np.zeros(len(obs), bool)  # FIRE is due at the next step (detail 3)
+        self.forced = np.zeros(len(obs), bool)
         return obs
 
     def step(self, actions: np.ndarray):
-        """-> obs, reward, game ended, terminal, time-limit cut, final obs."""
+        """One agent step of every env -> obs, reward, ended, terminal, cut, final obs."""
         if self.forced.any():
             actions = np.where(self.forced, self.vec.fire, actions)
         obs, reward, term, trunc, info = self.vec.step(actions)
         terminal, cut, lost = learning_flags(term, trunc, info["lives"], self.lives, self.baselines)
-        # Autoreset SameStep: an ended game returns the new game's observation; the real last one
-        # is in info["final_obs"], kept where the time limit cut a game (the bootstrap of detail 4)
+        # Autoreset SameStep: an ended game returns the new game's first observation; its real
+        # last one is in info["final_obs"]
         final = info["final_obs"] if cut.any() else None
         self.lives = info["lives"]
         self.forced = lost & (self.vec.fire is not None)
