@@ -75,12 +75,20 @@ class Comparison:
     points: int = 0
     tags: int = 0
     fields: int = 0
+    new_flags: list[tuple[str, Any]] = field(default_factory=list)
 
     def extent(self) -> str:
-        return (
+        """How much was compared, and the flags only the working tree's file has."""
+        text = (
             f"{self.tensors:,} tensors and {self.values:,} other values in the checkpoints, "
             f"{self.points:,} points of {self.tags} scalar tags, {self.fields} summary fields"
         )
+        if self.new_flags:
+            flags = ", ".join(
+                f"--{name.replace('_', '-')} {value!r}" for name, value in self.new_flags
+            )
+            text += f"; new flags at their defaults: {flags}"
+        return text
 
 
 def _key(key: Any) -> str:
@@ -143,7 +151,7 @@ def compare_values(
     """Walk two nested values (dicts, lists, tuples, tensors, arrays, numbers, strings) and append
     each difference to `result.differences`; `skip(path)` leaves out a key path."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in [k for k in a if k in b] + [k for k in b if k not in a]:
+        for key in [*a, *(k for k in b if k not in a)]:
             if skip((*path, key)):
                 continue
             here = where + _key(key)
@@ -210,7 +218,23 @@ def compare_checkpoints(before: Path, after: Path, result: Comparison) -> None:
             side = "the commit's run" if a.is_file() else "the working tree's run"
             result.differences.append(f"{where}: only in {side}")
             continue
-        compare_values(_load(a), _load(b), where, result, _checkpoint_skip)
+        old, new = _load(a), _load(b)
+        set_aside_new_flags(old, new, result)
+        compare_values(old, new, where, result, _checkpoint_skip)
+
+
+def set_aside_new_flags(old: Any, new: Any, result: Comparison) -> None:
+    """A stored argument that only the working tree's checkpoint has is a flag the change added,
+    at its default (a smoke run passes only the preset's flags): noted, and left out of the
+    comparison, since the arguments record the run's configuration, not its behaviour. Whether
+    the new flag's default keeps the old behaviour is what every other value compared shows."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return
+    old_args, new_args = old.get("args"), new.get("args")
+    if not (isinstance(old_args, dict) and isinstance(new_args, dict)):
+        return
+    for name in [k for k in new_args if k not in old_args]:
+        result.new_flags.append((name, new_args.pop(name)))
 
 
 def _same(x: float, y: float) -> bool:

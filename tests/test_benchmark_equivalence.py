@@ -280,3 +280,32 @@ def test_a_real_preset_is_equivalent_to_itself_at_head(tmp_path: Path):
     args = ["equivalence", "--against", "HEAD", "--preset", "appo-cartpole", "--workers", "2"]
     assert main([*args, "--out", str(out)]) == 0, out.read_text() if out.exists() else "no report"
     assert "| appo-cartpole | equivalent |" in out.read_text()
+
+
+def test_a_flag_only_the_working_tree_stores_is_noted_and_a_removed_one_is_a_difference(
+    tmp_path: Path,
+):
+    """A change that adds a flag stores one more argument: noted with its default, not counted as
+    a difference (every other value shows whether the default keeps the old behaviour); a stored
+    argument the change dropped, or a changed one, is a difference."""
+    from benchmark.equivalence import CHECKPOINT, Comparison, compare_checkpoints
+
+    def run(name: str, args: dict) -> Path:
+        folder = tmp_path / name
+        (folder / CHECKPOINT.parent).mkdir(parents=True)
+        torch.save({"args": args, "weights": torch.ones(2)}, folder / CHECKPOINT)
+        return folder
+
+    old = run("old", {"seed": 1, "run_dir": "a"})
+    added = run("added", {"seed": 1, "run_dir": "b", "max_grad_norm": 0.5})
+    result = Comparison()
+    compare_checkpoints(old, added, result)
+    assert result.differences == []
+    assert result.new_flags == [("max_grad_norm", 0.5)]
+    assert "new flags at their defaults: --max-grad-norm 0.5" in result.extent()
+
+    result = Comparison()
+    compare_checkpoints(added, old, result)  # the change removed a flag
+    assert result.differences == [
+        'checkpoints/latest.pt["args"]["max_grad_norm"]: only in the commit\'s run'
+    ]
