@@ -88,6 +88,7 @@ import random
 import signal
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -101,9 +102,15 @@ import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
+# The run harness, at the end of the file, is reached through one name: Run(args, checks) checks the
+# flags, seeds and picks run.device; run.compile, run.host_buffer, run.upload for speed; run.start,
+# run.episode, run.log, run.check_finite, run.end_iteration, run.finish for the run's outputs.
+
 
 @dataclass
 class Args:
+    """The command line (tyro): each field is a flag (env_id: --env-id), its docstring the help."""
+
     env_id: str = "CartPole-v1"
     """Gymnasium id: discrete actions, flat observations"""
     seed: int = 1
@@ -212,39 +219,16 @@ def make_envs(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
         return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def env_state(envs: gym.vector.VectorEnv) -> dict:
-    """The numpy state (arrays, generators) of a native vector env; {} for a sync one (e.g. Box2D),
-    which a resume resets instead."""
-    if isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return {}
-    state = {}
-    for name, value in vars(envs.unwrapped).items():
-        if isinstance(value, np.ndarray):
-            state[name] = torch.from_numpy(value.copy())
-        elif isinstance(value, np.random.Generator):
-            state[name] = "rng:" + json.dumps(value.bit_generator.state)
-    return state
-
-
-def set_env_state(envs: gym.vector.VectorEnv, state: dict) -> None:
-    for name, value in state.items():
-        if isinstance(value, str):
-            rng = np.random.Generator(np.random.PCG64())
-            rng.bit_generator.state = json.loads(value[4:])
-            value = rng
-        else:
-            value = value.numpy().copy()
-        setattr(envs.unwrapped, name, value)
-
-
 # ------------------------------------------------------------------- networks
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    """Orthogonal weights with gain `std` and a constant bias (detail 6)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
     return layer
 
 
 def mlp(obs_dim: int, hidden_dim: int) -> nn.Sequential:
+    """The trunk: two tanh layers of `hidden_dim` units."""
     return nn.Sequential(
         layer_init(nn.Linear(obs_dim, hidden_dim)),
         nn.Tanh(),
@@ -267,7 +251,7 @@ class Agent(nn.Module):
         self.v_head = layer_init(nn.Linear(hidden_dim, 1), std=1.0)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Policy logits, V(s) and V_aux(s)."""
+        """Policy logits [n, A], V(s) [n] and V_aux(s) [n] of observations x [n, obs_dim]."""
         h = self.pi_body(x)
         if self.arch == "dual":
             h_v = self.v_body(x)
@@ -275,9 +259,11 @@ class Agent(nn.Module):
             h_v = h.detach()
         else:
             h_v = h
+        # the value heads' [n, 1] -> [n]
         return self.pi_head(h), self.v_head(h_v).squeeze(-1), self.aux_head(h).squeeze(-1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The policy's logits [n, A] alone (pi_old, evaluation): the value trunk is not run."""
         return self.pi_head(self.pi_body(x))
 
 
@@ -290,98 +276,145 @@ def clip_grads(agent: Agent, max_norm: float) -> None:
     nn.utils.clip_grad_norm_(value_side, max_norm)
 
 
-# ------------------------------------------------------------- algorithm math
+@dataclass
+class Learner:
+    """The network and its two Adam optimizers, one per phase (detail 4); their names are the
+    checkpoint's keys."""
+
+    agent: Agent
+    optimizer: torch.optim.Adam  # the policy phase's
+    aux_optimizer: torch.optim.Adam  # the auxiliary phase's
+
+    def set_learning_rates(self, learning_rate: float, aux_learning_rate: float) -> None:
+        """Both rates, written into their tensors in place: compiled steps do not recompile."""
+        self.optimizer.param_groups[0]["lr"].fill_(learning_rate)
+        self.aux_optimizer.param_groups[0]["lr"].fill_(aux_learning_rate)
+
+
+def adam(agent: Agent, lr: float, eps: float, device) -> torch.optim.Adam:
+    """Fused Adam of all parameters (both phases train all of them, detail 4), with a tensor
+    learning rate, set in place: compiled steps do not recompile."""
+    lr = torch.tensor(lr, device=device)
+    return torch.optim.Adam(agent.parameters(), lr=lr, eps=eps, fused=True)
+
+
+# ----------------------------------------------------------- collecting rollouts
 ENV_ARRAYS = ("rewards", "terminated", "dones", "valid")  # what the envs give, per step
 
 
-def rollout_storage(num_steps: int, num_envs: int, obs_dim: int, run: Run) -> dict:
-    """Preallocated [T, N] tensors of one rollout (`valid` = 0 marks an autoreset step) on the
-    device, and `staging`: the env's arrays and next observations in CPU memory, pinned on CUDA, so
-    that their copies to the device do not wait (detail 9)."""
-    names = ("logprobs", "values", *ENV_ARRAYS)
-    shape = (num_steps, num_envs)
-    storage = {name: torch.zeros(shape, device=run.device) for name in names}
-    storage["obs"] = torch.zeros((*shape, obs_dim), device=run.device)
-    storage["actions"] = torch.zeros(shape, dtype=torch.long, device=run.device)
-    staging = {name: run.host_buffer(shape) for name in ENV_ARRAYS}
-    staging["next_obs"] = run.host_buffer((*shape, obs_dim))
-    return storage | {"staging": staging}
+@dataclass
+class Carry:
+    """What crosses rollouts: the next observation (on the device), the envs whose next step is
+    an autoreset, and the running episodes' return and length."""
+
+    next_obs: torch.Tensor  # [N, obs_dim]
+    autoreset: np.ndarray  # [N] bool
+    ep_return: np.ndarray  # [N]
+    ep_length: np.ndarray  # [N] int64
 
 
-def aux_storage(n_rollouts: int, batch_size: int, obs_dim: int, device) -> dict:
-    """States, V_targ and valid masks of the rollouts kept for the auxiliary phase (detail 3)."""
-    shape = (n_rollouts, batch_size)
-    aux = {name: torch.zeros(shape, device=device) for name in ("vtarg", "valid")}
-    aux["obs"] = torch.zeros((*shape, obs_dim), device=device)
-    return aux
-
-
-def reset_carry(envs, seed: int, device) -> dict:
-    """What crosses rollouts: next_obs, the envs whose next step is an autoreset, and the running
-    episodes' ep_return and ep_length."""
-    next_obs = torch.as_tensor(envs.reset(seed=seed)[0], dtype=torch.float32, device=device)
+def reset_carry(envs, seed: int, device) -> Carry:
+    """The carry of freshly reset envs (seeded with `seed`)."""
+    obs, _ = envs.reset(seed=seed)
+    next_obs = torch.as_tensor(obs, dtype=torch.float32, device=device)
     # contiguous, as the staged ones (CartPole's reset gives a transposed array): a compiled
     # acting forward then sees one layout
     next_obs = next_obs.contiguous()
     n = envs.num_envs
-    carry = {"next_obs": next_obs, "autoreset": np.zeros(n, dtype=bool), "ep_return": np.zeros(n)}
-    carry["ep_length"] = np.zeros(n, dtype=np.int64)
-    return carry
+    return Carry(
+        next_obs=next_obs,
+        autoreset=np.zeros(n, dtype=bool),
+        ep_return=np.zeros(n),
+        ep_length=np.zeros(n, dtype=np.int64),
+    )
 
 
-def rollout(envs, agent, storage: dict, carry: dict, run: Run) -> list[tuple[int, float, int]]:
-    """num_steps vector steps into `storage`, updating `carry` (see reset_carry) in place; the
+def rollout_storage(num_steps: int, num_envs: int, obs_dim: int, run: Run) -> dict:
+    """Preallocated [T, N] tensors of one rollout on the device (`valid` = 0 marks an autoreset
+    step), and `staging`: the envs' arrays and next observations in host memory (pinned on a GPU),
+    so that their copies to the device do not wait (detail 9)."""
+    shape = (num_steps, num_envs)
+    storage = {}
+    for name in ("logprobs", "values", *ENV_ARRAYS):
+        storage[name] = torch.zeros(shape, device=run.device)
+    storage["obs"] = torch.zeros((*shape, obs_dim), device=run.device)
+    storage["actions"] = torch.zeros(shape, dtype=torch.long, device=run.device)
+    staging = {name: run.host_buffer(shape) for name in ENV_ARRAYS}
+    staging["next_obs"] = run.host_buffer((*shape, obs_dim))
+    storage["staging"] = staging
+    return storage
+
+
+def rollout(envs, agent, storage: dict, carry: Carry, run: Run) -> list[tuple[int, float, int]]:
+    """num_steps vector steps of the current policy into `storage`, updating `carry` in place; the
     autoreset step gets valid = 0 (detail 5). Returns (t, return, length) of each episode ended.
     The actions' copy to the CPU is the only wait for the device (detail 9)."""
     episodes = []
     staging = storage["staging"]
-    stage = {name: x.numpy() for name, x in staging.items()}
+    host = {name: x.numpy() for name, x in staging.items()}  # numpy views of the staging rows
     for t in range(storage["rewards"].shape[0]):
-        real = ~carry["autoreset"]
-        storage["obs"][t] = carry["next_obs"]
+        real = ~carry.autoreset  # [N]: false where this step only resets the env
+        storage["obs"][t] = carry.next_obs
         with torch.inference_mode():
-            logits, value, _ = agent(carry["next_obs"])
+            logits, value, _ = agent(carry.next_obs)  # [N, A], [N]
             # Categorical's draw and log-probability without its argument checks, which wait for
             # the device
-            log_pi = logits.log_softmax(-1)
-            actions = torch.multinomial(log_pi.exp(), 1).squeeze(-1)
+            log_pi = logits.log_softmax(-1)  # [N, A]
+            actions = torch.multinomial(log_pi.exp(), 1).squeeze(-1)  # [N, 1] -> [N]
+            # log pi(a_t | s_t): [N, A] gathered at [N, 1] -> [N]
             storage["logprobs"][t] = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-            storage["values"][t], storage["actions"][t] = value, actions
+            storage["values"][t] = value
+            storage["actions"][t] = actions
         next_obs, reward, terminated, truncated, _ = envs.step(actions.cpu().numpy())
         done = terminated | truncated
         # staging rows are written after that wait: the previous rollout's copies of them are done
-        for name, x in zip(ENV_ARRAYS, (reward, terminated, done, real)):
-            stage[name][t] = x
-        stage["next_obs"][t] = next_obs
-        carry["next_obs"] = run.upload(staging["next_obs"][t], copy=True)
-        carry["ep_return"] += np.where(real, reward, 0.0)
-        carry["ep_length"] += real
+        host["rewards"][t] = reward
+        host["terminated"][t] = terminated
+        host["dones"][t] = done
+        host["valid"][t] = real
+        host["next_obs"][t] = next_obs
+        carry.next_obs = run.upload(staging["next_obs"][t], copy=True)
+        carry.ep_return += np.where(real, reward, 0.0)
+        carry.ep_length += real
         for i in np.flatnonzero(done & real):
-            episodes.append((t, float(carry["ep_return"][i]), int(carry["ep_length"][i])))
-        carry["ep_return"][done], carry["ep_length"][done] = 0.0, 0
-        carry["autoreset"] = done
+            episodes.append((t, float(carry.ep_return[i]), int(carry.ep_length[i])))
+        carry.ep_return[done] = 0.0
+        carry.ep_length[done] = 0
+        carry.autoreset = done
     for name in ENV_ARRAYS:
         storage[name].copy_(staging[name], non_blocking=True)
     return episodes
 
 
+# ------------------------------------------------------ advantages and V_targ
 def gae(rewards, values, next_value, terminated, dones, gamma: float, lam: float) -> torch.Tensor:
-    """GAE(lambda) advantages, [T, N]. values[t] = V(s_t); next_value = V(s_T). Termination cuts
-    the bootstrap; truncation keeps V(s_{t+1}) (the real final observation under NEXT_STEP
+    """GAE(lambda) advantages, [T, N]. values[t] = V(s_t); next_value = V(s_T), [N]. Termination
+    cuts the bootstrap; truncation keeps V(s_{t+1}) (the real final observation under NEXT_STEP
     autoreset); any done cuts the lambda-trace."""
     T = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(next_value)
     for t in reversed(range(T)):
-        v_next = next_value if t == T - 1 else values[t + 1]
+        v_next = next_value if t == T - 1 else values[t + 1]  # [N]
+        # delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with no bootstrap past a termination
         delta = rewards[t] + gamma * v_next * (1.0 - terminated[t]) - values[t]
+        # A_t = delta_t + gamma lambda A_{t+1}, the sum cut where an episode ended
         last = delta + gamma * lam * (1.0 - dones[t]) * last
         advantages[t] = last
     return advantages
 
 
+@dataclass
+class RewardStats:
+    """--norm-reward's state (detail 6): the moments [count, mean, var] (float64) of the discounted
+    returns seen so far, and each env's running discounted return [N]."""
+
+    moments: torch.Tensor
+    ret: torch.Tensor
+
+
 def discounted_returns(rewards, dones, ret, gamma: float):
-    """Running discounted reward sums per env, [T, N]; `ret` carries over rollouts."""
+    """Running discounted reward sums per env, [T, N]; `ret` [N] carries over rollouts."""
     out = torch.zeros_like(rewards)
     for t in range(rewards.shape[0]):
         ret = rewards[t] + gamma * ret
@@ -404,32 +437,48 @@ def update_moments(moments: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> t
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of x over the samples where mask = 1: the valid steps (detail 5)."""
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 @torch.no_grad()
-def make_batch(storage: dict, agent, next_obs, reward_norm: dict, args: Args, gae=gae) -> dict:
-    """The flat training batch: GAE advantages normalised over the valid samples, and V_targ,
-    bootstrapped from V(next_obs). --norm-reward first scales the rewards as the reference's
-    RewardNormalizer (detail 6), updating `reward_norm` (moments, running return) in place.
+def make_batch(
+    storage: dict, agent, next_obs, reward_stats: RewardStats | None, args: Args, gae=gae
+) -> dict:
+    """The flat training batch of T x N samples: GAE advantages normalised over the valid samples,
+    and V_targ = A_hat + V_old, bootstrapped from V(next_obs). --norm-reward first scales the
+    rewards as the reference's RewardNormalizer (detail 6), updating `reward_stats` in place.
     `gae`: the GAE function (compiled with --compile)."""
-    r, values, dones, valid = (storage[k] for k in ("rewards", "values", "dones", "valid"))
+    rewards = storage["rewards"]  # [T, N], as every array here
+    values = storage["values"]
+    dones = storage["dones"]
+    valid = storage["valid"]
     if args.norm_reward:
-        ret, reward_norm["ret"] = discounted_returns(r, dones, reward_norm["ret"], args.gamma)
-        reward_norm["moments"] = update_moments(reward_norm["moments"], ret, valid)
-        r = (r / (reward_norm["moments"][2] + 1e-8).sqrt().float()).clamp(-10.0, 10.0)
+        ret, reward_stats.ret = discounted_returns(rewards, dones, reward_stats.ret, args.gamma)
+        reward_stats.moments = update_moments(reward_stats.moments, ret, valid)
+        return_std = (reward_stats.moments[2] + 1e-8).sqrt().float()
+        rewards = (rewards / return_std).clamp(-10.0, 10.0)
+    next_value = agent(next_obs)[1]  # V(s_T), [N]
     advantages = gae(
-        r, values, agent(next_obs)[1], storage["terminated"], dones, args.gamma, args.gae_lambda
+        rewards,
+        values,
+        next_value,
+        storage["terminated"],
+        dones,
+        gamma=args.gamma,
+        lam=args.gae_lambda,
     )
-    w, adv = valid.flatten(), advantages.flatten()
+    # [T, N] -> [T * N], step-major
+    w = valid.flatten()
+    adv = advantages.flatten()
     mean = masked_mean(adv, w)
     std = masked_mean((adv - mean) ** 2, w).sqrt()
     return {
-        "obs": storage["obs"].flatten(0, 1),
+        "obs": storage["obs"].flatten(0, 1),  # [T, N, obs_dim] -> [T * N, obs_dim]
         "actions": storage["actions"].flatten(),
         "logprobs": storage["logprobs"].flatten(),
         "advantages": (adv - mean) / (std + 1e-8),
-        "returns": (advantages + values).flatten(),
+        "returns": (advantages + values).flatten(),  # V_targ
         "valid": w,
     }
 
@@ -443,116 +492,211 @@ def explained_variance(y: torch.Tensor, pred: torch.Tensor, w: torch.Tensor) -> 
     return torch.where(var_y > 0, explained, torch.nan)
 
 
-def categorical_kl(logits_old: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(pi_old || pi) per state."""
-    logp_old, logp = F.log_softmax(logits_old, -1), F.log_softmax(logits, -1)
-    return (logp_old.exp() * (logp_old - logp)).sum(-1)
-
-
-def ppo_losses(logits, value, actions, logprob_old, adv, v_targ, valid, clip_coef: float):
-    """L_clip, the value loss 0.5 (V - V_targ)^2, entropy, approx KL, clip fraction."""
-    log_pi = logits.log_softmax(-1)
+# ------------------------------------------------------------------ policy phase
+def ppo_losses(
+    logits, value, *, actions, logprob_old, advantages, v_targ, valid, clip_coef: float
+) -> dict[str, torch.Tensor]:
+    """The policy phase's losses on a minibatch of M samples (logits [M, A], the rest [M]), as
+    0-dim tensors: L_clip, the value loss 0.5 (V - V_targ)^2, the entropy H[pi], and two
+    diagnostics, the approximate KL to pi_old and the fraction of clipped ratios. Each is a mean
+    over the valid samples: an autoreset step is not a transition (detail 5)."""
+    log_pi = logits.log_softmax(-1)  # [M, A]
+    # log r = log pi(a|s) - log pi_old(a|s): [M, A] gathered at [M, 1] -> [M]
     log_ratio = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - logprob_old
     ratio = log_ratio.exp()
-    pg = -torch.min(ratio * adv, ratio.clamp(1 - clip_coef, 1 + clip_coef) * adv)
+    clipped = ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    surrogate = -torch.min(ratio * advantages, clipped * advantages)  # [M]
     with torch.no_grad():
         approx_kl = masked_mean((ratio - 1) - log_ratio, valid)
         clipfrac = masked_mean(((ratio - 1).abs() > clip_coef).float(), valid)
-    v_loss = 0.5 * masked_mean((value - v_targ) ** 2, valid)
-    entropy = masked_mean(-(log_pi.exp() * log_pi).sum(-1), valid)
-    return masked_mean(pg, valid), v_loss, entropy, approx_kl, clipfrac
+    value_loss = 0.5 * masked_mean((value - v_targ) ** 2, valid)
+    entropy = masked_mean(-(log_pi.exp() * log_pi).sum(-1), valid)  # sum over A: [M, A] -> [M]
+    return {
+        "policy_loss": masked_mean(surrogate, valid),
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
-def aux_losses(logits, value, aux_value, logits_old, v_targ, valid):
-    """KL(pi_old || pi), 0.5 (V_aux - V_targ)^2 and 0.5 (V - V_targ)^2 (paper Eq. 2-3)."""
-    kl = masked_mean(categorical_kl(logits_old, logits), valid)
-    aux_v_loss = 0.5 * masked_mean((aux_value - v_targ) ** 2, valid)
-    return kl, aux_v_loss, 0.5 * masked_mean((value - v_targ) ** 2, valid)
-
-
-PPO_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
-
-
-def policy_step(agent: Agent, optimizer, args: Args, train_pi: bool, train_v: bool, **mb):
-    """One minibatch of the policy phase: the policy loss if train_pi, the value loss if train_v,
-    then an Adam step; the minibatch's [L_clip, value loss, entropy, approx KL, clip fraction]."""
-    logits, value, _ = agent(mb["obs"])
-    pg, v_loss, entropy, approx_kl, clipfrac = ppo_losses(
+def policy_step(
+    agent: Agent, optimizer, args: Args, train_pi: bool, train_v: bool, **minibatch
+) -> dict[str, torch.Tensor]:
+    """One minibatch of the policy phase: L_clip - c_ent H if train_pi, c_vf L_value if train_v,
+    then an Adam step; the minibatch's losses (ppo_losses' names)."""
+    logits, value, _ = agent(minibatch["obs"])
+    losses = ppo_losses(
         logits,
         value,
-        actions=mb["actions"],
-        logprob_old=mb["logprobs"],
-        adv=mb["advantages"],
-        v_targ=mb["returns"],
-        valid=mb["valid"],
+        actions=minibatch["actions"],
+        logprob_old=minibatch["logprobs"],
+        advantages=minibatch["advantages"],
+        v_targ=minibatch["returns"],
+        valid=minibatch["valid"],
         clip_coef=args.clip_coef,
     )
     loss = 0.0
-    if train_pi:
-        loss = loss + pg - args.ent_coef * entropy
-    if train_v:
-        loss = loss + args.vf_coef * v_loss
+    if train_pi:  # an E_pi epoch
+        loss = loss + losses["policy_loss"] - args.ent_coef * losses["entropy"]
+    if train_v:  # an E_V epoch
+        loss = loss + args.vf_coef * losses["value_loss"]
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     clip_grads(agent, args.max_grad_norm)
     optimizer.step()
-    return torch.stack([pg, v_loss, entropy, approx_kl, clipfrac]).detach()
+    return {name: value.detach() for name, value in losses.items()}
 
 
-def policy_phase(agent: Agent, optimizer, batch: dict, args: Args, step=policy_step):
-    """One PPO iteration: max(E_pi, E_V) epochs; epoch i trains the policy if i < E_pi and the
-    value function if i < E_V (reference ppo.learn). The last minibatch's statistics (with
-    E_V > E_pi its policy terms come from a value-only epoch); `step`: policy_step, or compiled."""
+def policy_phase(
+    agent: Agent, optimizer, batch: dict, args: Args, step=policy_step
+) -> dict[str, torch.Tensor]:
+    """One PPO iteration's updates (Alg. 1's policy and value epochs): max(E_pi, E_V) epochs, where
+    epoch i trains the policy if i < E_pi and the value function if i < E_V (reference ppo.learn,
+    detail 2). Returns the last minibatch's losses (with E_V > E_pi its policy terms come from a
+    value-only epoch); `step`: policy_step, or compiled."""
     n = batch["obs"].shape[0]
+    minibatch_size = n // args.num_minibatches
     for epoch in range(max(args.e_pi, args.e_v)):
-        for idx in torch.randperm(n, device=batch["obs"].device).split(n // args.num_minibatches):
-            mb = {k: x[idx] for k, x in batch.items()}
+        # a random permutation of the n samples, cut into num_minibatches index vectors [M]
+        for idx in torch.randperm(n, device=batch["obs"].device).split(minibatch_size):
+            minibatch = {name: x[idx] for name, x in batch.items()}  # [n, ...] -> [M, ...]
+            train_pi = epoch < args.e_pi
+            train_v = epoch < args.e_v
             # (E_pi != E_V: one compiled graph for each of the at most 3 pairs of flags)
-            stats = step(agent, optimizer, args, epoch < args.e_pi, epoch < args.e_v, **mb)
-    return stats.clone()  # (CUDA graphs overwrite a compiled step's outputs at its next call)
+            losses = step(agent, optimizer, args, train_pi, train_v, **minibatch)
+    # (CUDA graphs overwrite a compiled step's outputs at its next call)
+    return {name: value.clone() for name, value in losses.items()}
 
 
-def aux_step(agent: Agent, optimizer, args: Args, obs, logits_old, v_targ, valid) -> torch.Tensor:
-    """One minibatch of the auxiliary phase (paper Alg. 1, lines 12-14); its [KL, aux value loss,
-    value loss]."""
+def learning_rates(iteration: int, horizon_iterations: int, args: Args) -> dict[str, float]:
+    """Both phases' Adam rates for policy iteration `iteration` (0, 1, ...): with --anneal-lr they
+    fall linearly from the flags' values to 0 at iteration `horizon_iterations` (detail 6)."""
+    fraction = 1.0
+    if args.anneal_lr:
+        fraction = 1.0 - iteration / horizon_iterations
+    return {
+        "learning_rate": fraction * args.learning_rate,
+        "aux_learning_rate": fraction * args.aux_learning_rate,
+    }
+
+
+# -------------------------------------------------------------- auxiliary phase
+@dataclass
+class AuxBuffer:
+    """The buffer B of Algorithm 1: the states, V_targ and valid masks of the phase's rollouts,
+    [N_pi, T * N, ...] (detail 3); row k holds the phase's rollout k."""
+
+    obs: torch.Tensor  # [N_pi, T * N, obs_dim]
+    vtarg: torch.Tensor  # [N_pi, T * N]
+    valid: torch.Tensor  # [N_pi, T * N]
+
+    @staticmethod
+    def empty(n_rollouts: int, batch_size: int, obs_dim: int, device) -> AuxBuffer:
+        """Room for `n_rollouts` rollouts of `batch_size` samples (none without a phase)."""
+        return AuxBuffer(
+            obs=torch.zeros((n_rollouts, batch_size, obs_dim), device=device),
+            vtarg=torch.zeros((n_rollouts, batch_size), device=device),
+            valid=torch.zeros((n_rollouts, batch_size), device=device),
+        )
+
+    def store(self, k: int, batch: dict) -> None:
+        """Add every (s_t, V_targ) of a batch to B as rollout k (the policy phase's last step)."""
+        self.obs[k] = batch["obs"]
+        self.vtarg[k] = batch["returns"]
+        self.valid[k] = batch["valid"]
+
+
+def categorical_kl(logits_old: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(pi_old || pi) per state: logits [M, A] -> [M]."""
+    logp_old = F.log_softmax(logits_old, -1)
+    logp = F.log_softmax(logits, -1)
+    return (logp_old.exp() * (logp_old - logp)).sum(-1)
+
+
+def aux_losses(logits, value, aux_value, logits_old, v_targ, valid) -> dict[str, torch.Tensor]:
+    """The auxiliary phase's terms (paper Eq. 2-3), 0-dim means over the valid samples: the
+    behavioural-cloning KL(pi_old || pi), the auxiliary value loss 0.5 (V_aux - V_targ)^2 and the
+    value loss 0.5 (V - V_targ)^2. L_joint = aux_value + beta_clone kl."""
+    return {
+        "kl": masked_mean(categorical_kl(logits_old, logits), valid),
+        "aux_value": 0.5 * masked_mean((aux_value - v_targ) ** 2, valid),
+        "value": 0.5 * masked_mean((value - v_targ) ** 2, valid),
+    }
+
+
+def aux_step(
+    agent: Agent, optimizer, args: Args, obs, logits_old, v_targ, valid
+) -> dict[str, torch.Tensor]:
+    """One minibatch of an auxiliary epoch (Alg. 1): L_joint and L_value in one Adam step; the
+    minibatch's losses (aux_losses' names)."""
     logits, value, aux_value = agent(obs)
-    kl, aux_v, v = aux_losses(logits, value, aux_value, logits_old, v_targ, valid)
+    losses = aux_losses(logits, value, aux_value, logits_old, v_targ, valid)
     optimizer.zero_grad(set_to_none=True)
-    (args.beta_clone * kl + aux_v + v).backward()
+    # L_joint = L_aux + beta_clone KL, and L_value; their sum, one step
+    loss = args.beta_clone * losses["kl"] + losses["aux_value"] + losses["value"]
+    loss.backward()
     clip_grads(agent, args.max_grad_norm)
     optimizer.step()
-    return torch.stack([kl, aux_v, v]).detach()
+    return {name: value.detach() for name, value in losses.items()}
 
 
-def auxiliary_phase(agent: Agent, optimizer, aux: dict, args: Args, step=aux_step):
-    """E_aux epochs over all samples stored in `aux` (paper Alg. 1, lines 10-15); the mean [KL,
-    aux value loss, value loss] of its minibatches. `step`: aux_step, or compiled."""
-    obs, v_targ, valid = (aux[name].flatten(0, 1) for name in ("obs", "vtarg", "valid"))
+def auxiliary_phase(
+    agent: Agent, optimizer, aux_buffer: AuxBuffer, args: Args, step=aux_step
+) -> dict[str, torch.Tensor]:
+    """Alg. 1's auxiliary phase: pi_old computed once, then E_aux epochs over every sample in B;
+    the mean of each loss over its minibatches. `step`: aux_step, or compiled."""
+    # [N_pi, T * N, ...] -> [n, ...], n = N_pi * T * N: all the phase's samples
+    obs = aux_buffer.obs.flatten(0, 1)
+    v_targ = aux_buffer.vtarg.flatten(0, 1)
+    valid = aux_buffer.valid.flatten(0, 1)
     n = obs.shape[0]
-    with torch.no_grad():  # pi_old, computed once before the phase
-        logits_old = torch.cat([agent.logits(o) for o in obs.split(4096)])
-    stats = torch.zeros(3, device=obs.device)
+    # pi_old(.|s) of every state in B, computed once before the first epoch: [n, A]
+    with torch.no_grad():
+        logits_old = torch.cat([agent.logits(chunk) for chunk in obs.split(4096)])
+    sums = {name: torch.zeros((), device=obs.device) for name in ("kl", "aux_value", "value")}
     for _ in range(args.e_aux):
+        # a random permutation of the n samples, cut into aux_num_minibatches index vectors
         for idx in torch.randperm(n, device=obs.device).split(n // args.aux_num_minibatches):
-            stats += step(
+            losses = step(
                 agent, optimizer, args, obs[idx], logits_old[idx], v_targ[idx], valid[idx]
             )
-    return stats / max(1, args.e_aux * args.aux_num_minibatches)
+            for name, value in losses.items():
+                sums[name] += value
+    minibatches = max(1, args.e_aux * args.aux_num_minibatches)
+    return {name: total / minibatches for name, total in sums.items()}
 
 
 # ---------------------------------------------------------------- training
-LOSS_TAGS = [f"losses/{k}" for k in ("explained_variance", *PPO_STATS)]
-LOSS_TAGS += [f"losses/aux/{k}" for k in ("kl", "aux_value", "value")]
+@dataclass
+class Counters:
+    """The run's counters, saved in every checkpoint under these names (detail 4)."""
 
-
-def adam(agent: Agent, lr: float, eps: float, device) -> torch.optim.Adam:
-    """Fused Adam of all parameters (both phases train all of them, detail 4), with a tensor
-    learning rate, set in place: compiled steps do not recompile."""
-    lr = torch.tensor(lr, device=device)
-    return torch.optim.Adam(agent.parameters(), lr=lr, eps=eps, fused=True)
+    iteration: int = 0  # policy iterations done
+    phase_iteration: int = 0  # rollouts in B: the policy iterations done in this phase
+    aux_phases: int = 0  # auxiliary phases done
+    train_time_s: float = 0  # seconds in policy iterations and auxiliary phases ...
+    aux_time_s: float = 0  # ... and in auxiliary phases alone
+    schedule_steps: int = 0  # the step at which the annealed rates reach 0 (anneal_horizon)
 
 
 def train(args: Args) -> None:
+    """PPG (Cobbe et al. 2021, Algorithm 1) on --num-envs synchronous envs: policy phases of
+    N_pi PPO iterations, each followed by an auxiliary phase; with --e-aux 0, PPO."""
+    # Algorithm 1, as this loop runs it:
+    # for each phase:
+    #   the policy phase, N_pi iterations (a resume may start mid-phase):
+    #     1. roll out the current policy: T steps of N envs          -> rollout
+    #     2. GAE advantages, V_targ = A_hat + V_old                  -> make_batch (gae)
+    #     3. E_pi epochs of L_clip - c_ent H, E_V epochs of L_value  -> policy_phase (policy_step,
+    #                                                                   ppo_losses)
+    #     4. add every (s_t, V_targ) to the buffer B                 -> AuxBuffer.store
+    #     5. log; evaluate and checkpoint as their intervals pass    -> log_iteration, run.*
+    #   the auxiliary phase (none with --e-aux 0):
+    #     6. pi_old(.|s_t) of every state in B, computed once        -> auxiliary_phase
+    #     7. E_aux epochs of L_joint = L_aux + beta_clone KL, and L_value on all of B
+    #                                                                -> aux_step (aux_losses)
+    #     8. log the phase's last iteration (step 5 waits for it)    -> log_iteration, run.*
     run = Run(args, checks=check_args(args))
     if args.eval_only:
         return eval_only(args, run)
@@ -560,65 +704,79 @@ def train(args: Args) -> None:
     ckpt = load_resume(args, run)
     horizon = anneal_horizon(args, ckpt)
     device = run.device
+
+    # set-up: envs, network and optimizers, rollout storage, the buffer B, counters
     envs = make_envs(args.env_id, args.num_envs)
     agent = Agent(obs_dim, num_actions, args.hidden_dim, args.arch).to(device)
-    optimizer = adam(agent, args.learning_rate, args.adam_eps, device)
-    aux_optimizer = adam(agent, args.aux_learning_rate, args.adam_eps, device)
-    N, batch_size = args.num_envs, args.num_envs * args.num_steps
+    learner = Learner(
+        agent=agent,
+        optimizer=adam(agent, args.learning_rate, args.adam_eps, device),
+        aux_optimizer=adam(agent, args.aux_learning_rate, args.adam_eps, device),
+    )
+    N = args.num_envs
+    batch_size = args.num_envs * args.num_steps
     storage = rollout_storage(args.num_steps, N, obs_dim, run)
-    aux = aux_storage(args.n_pi if args.e_aux else 0, batch_size, obs_dim, device)
+    n_stored = args.n_pi if args.e_aux else 0  # B holds N_pi rollouts, or none without the phase
+    aux_buffer = AuxBuffer.empty(n_stored, batch_size, obs_dim, device)
     carry = reset_carry(envs, args.seed, device)
-    moments = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64, device=device)
-    reward_norm = {"moments": moments, "ret": torch.zeros(N, device=device)}
-    counters = dict.fromkeys(COUNTERS, 0) | {"schedule_steps": horizon}
+    reward_stats = RewardStats(
+        moments=torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64, device=device),
+        ret=torch.zeros(N, device=device),
+    )
+    counters = Counters(schedule_steps=horizon)
     if ckpt:
-        restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters)
-    global_step = counters["iteration"] * batch_size
+        restore(ckpt, learner, envs, carry, aux_buffer, reward_stats, counters)
+    global_step = counters.iteration * batch_size
     total = args.total_steps // batch_size * batch_size  # whole rollouts
     evaluate_policy = partial(evaluate, agent, args.env_id, args.eval_episodes, args.seed, device)
-    state = partial(
-        checkpoint_state, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters
-    )
-    act, gae_fn = run.compile(agent), run.compile(gae)
-    policy_fn, aux_fn = run.compile(policy_step), run.compile(aux_step)
+    state = partial(checkpoint_state, learner, envs, carry, aux_buffer, reward_stats, counters)
+    act = run.compile(agent)
+    gae_fn = run.compile(gae)
+    policy_fn = run.compile(policy_step)
+    aux_fn = run.compile(aux_step)
+
     with run.start(global_step, total, state=state, evaluate=evaluate_policy):
-        while global_step < total and not run.stop:
-            t_iter = time.time()
-            # both rates fall linearly to 0 at the horizon (detail 6)
-            frac = 1.0 - counters["iteration"] / (horizon // batch_size) if args.anneal_lr else 1.0
-            lr, aux_lr = frac * args.learning_rate, frac * args.aux_learning_rate
-            optimizer.param_groups[0]["lr"].fill_(lr)
-            aux_optimizer.param_groups[0]["lr"].fill_(aux_lr)
-            counters["iteration"] += 1
+        while global_step < total and not run.stop:  # one phase
+            # ---- the policy phase: N_pi PPO iterations. counters.phase_iteration counts the
+            # rollouts in B (none without an auxiliary phase: PPO has no phase to resume)
+            for phase_iteration in range(counters.phase_iteration, args.n_pi):
+                with timed(counters, "train_time_s"):
+                    rates = learning_rates(counters.iteration, horizon // batch_size, args)
+                    learner.set_learning_rates(**rates)
+                    counters.iteration += 1
+                    # 1. collect
+                    for t, ep_return, ep_length in rollout(envs, act, storage, carry, run):
+                        run.episode(global_step + (t + 1) * N, ep_return, ep_length)
+                    global_step += batch_size
+                    # 2. advantages and targets
+                    batch = make_batch(storage, agent, carry.next_obs, reward_stats, args, gae_fn)
+                    # 3. learn: E_pi policy epochs, E_V value epochs
+                    losses = policy_phase(agent, learner.optimizer, batch, args, policy_fn)
+                    # 4. keep the rollout's samples for the auxiliary phase
+                    if args.e_aux:
+                        aux_buffer.store(phase_iteration, batch)
+                        counters.phase_iteration = phase_iteration + 1
+                if counters.phase_iteration == args.n_pi:
+                    break  # B is full: this iteration is logged after the auxiliary phase
+                # 5. log
+                log_iteration(run, global_step, losses, batch, storage, rates, counters)
+                run.end_iteration(global_step)
+                if global_step >= total or run.stop:
+                    break
 
-            for t, ep_return, ep_length in rollout(envs, act, storage, carry, run):
-                run.episode(global_step + (t + 1) * N, ep_return, ep_length)
-            global_step += batch_size
-            batch = make_batch(storage, agent, carry["next_obs"], reward_norm, args, gae_fn)
-            stats = policy_phase(agent, optimizer, batch, args, policy_fn)
-            if args.e_aux:  # keep the rollout's samples for the auxiliary phase
-                for name, key in (("obs", "obs"), ("vtarg", "returns"), ("valid", "valid")):
-                    aux[name][counters["phase_iteration"]] = batch[key]
-                counters["phase_iteration"] += 1
-            if args.e_aux and counters["phase_iteration"] == args.n_pi:  # every N_pi (Alg. 1)
-                t_aux = time.time()
-                stats = torch.cat([stats, auxiliary_phase(agent, aux_optimizer, aux, args, aux_fn)])
-                counters["phase_iteration"], counters["aux_phases"] = 0, counters["aux_phases"] + 1
-                counters["aux_time_s"] += time.time() - t_aux
-            counters["train_time_s"] += time.time() - t_iter
-
-            run.check_finite(stats, global_step)
-            v_old, w = storage["values"].flatten(), batch["valid"]  # w: the real steps
-            ev = explained_variance(batch["returns"], v_old, w)
-            # one read from the device per iteration (no aux phase: zip stops before its tags)
-            values = torch.cat([ev[None], stats]).tolist()
-            run.log(global_step, dict(zip(LOSS_TAGS, values)))
-            charts = {"learning_rate": lr, "aux_learning_rate": aux_lr, "SPS": run.sps(global_step)}
-            charts["aux_phase_time_fraction"] = aux_time_fraction(counters)
-            run.log(global_step, {f"charts/{k}": v for k, v in charts.items()})
-            run.end_iteration(global_step)
+            # ---- the auxiliary phase, once B holds N_pi rollouts
+            if args.e_aux and counters.phase_iteration == args.n_pi:
+                with timed(counters, "train_time_s", "aux_time_s"):
+                    # 6.-7. pi_old once, then E_aux epochs of L_joint and L_value
+                    aux = auxiliary_phase(agent, learner.aux_optimizer, aux_buffer, args, aux_fn)
+                    counters.phase_iteration = 0
+                    counters.aux_phases += 1
+                # 8. log the phase's last policy iteration with the auxiliary phase's losses
+                losses |= {f"aux/{name}": value for name, value in aux.items()}
+                log_iteration(run, global_step, losses, batch, storage, rates, counters)
+                run.end_iteration(global_step)
         envs.close()
-        summary = {"arch": args.arch, "aux_phases": counters["aux_phases"]}
+        summary = {"arch": args.arch, "aux_phases": counters.aux_phases}
         summary["aux_phase_time_fraction"] = aux_time_fraction(counters)
         run.finish(global_step, **summary)
 
@@ -633,7 +791,7 @@ SIZES = (
     "e_pi",
     "hidden_dim",
 )
-EPISODE_ARRAYS = ("autoreset", "ep_return", "ep_length")  # carry's numpy arrays
+EPISODE_ARRAYS = ("autoreset", "ep_return", "ep_length")  # Carry's numpy arrays
 COUNTERS = ("iteration", "phase_iteration", "aux_phases", "train_time_s", "aux_time_s")
 
 
@@ -689,10 +847,13 @@ def check_env(env_id: str) -> tuple[int, int]:
         if env_id.startswith("ALE/"):
             hint = "Atari ids belong to ppo_atari.py"
         raise Run.fail(f"unknown environment {env_id!r} ({e}); {hint}") from None
-    obs_space, act_space = env.observation_space, env.action_space
+    obs_space = env.observation_space
+    act_space = env.action_space
     env.close()
-    box, shape = isinstance(obs_space, gym.spaces.Box), obs_space.shape
-    continuous, discrete = (isinstance(act_space, t) for t in (gym.spaces.Box, gym.spaces.Discrete))
+    box = isinstance(obs_space, gym.spaces.Box)
+    shape = obs_space.shape
+    continuous = isinstance(act_space, gym.spaces.Box)
+    discrete = isinstance(act_space, gym.spaces.Discrete)
     for ok, problem in [
         (not box or len(shape) < 2, f"image observations {shape}; use ppo_atari.py"),
         (box and len(shape) == 1, f"observation space {obs_space}; ppg.py needs a flat Box"),
@@ -737,53 +898,137 @@ def anneal_horizon(args: Args, ckpt: dict | None) -> int:
     return horizon
 
 
-def aux_time_fraction(counters: dict) -> float:
+def log_iteration(
+    run: Run,
+    global_step: int,
+    losses: dict,
+    batch: dict,
+    storage: dict,
+    rates: dict,
+    counters: Counters,
+) -> None:
+    """One iteration's losses/* and charts/* scalars, after the non-finite check of its losses;
+    the device is read once, for all of them."""
+    stacked = torch.stack(list(losses.values()))
+    run.check_finite(stacked, global_step)
+    # how much of V_targ's variance the rollout's V(s_t) explained (NaN when V_targ is constant,
+    # so it is not checked): [T, N] -> [T * N], as the batch
+    ev = explained_variance(batch["returns"], storage["values"].flatten(), batch["valid"])
+    values = torch.cat([ev[None], stacked]).tolist()  # one read from the device per iteration
+    names = ["explained_variance", *losses]
+    run.log(global_step, {f"losses/{name}": value for name, value in zip(names, values)})
+    charts = {**rates, "SPS": run.sps(global_step)}
+    charts["aux_phase_time_fraction"] = aux_time_fraction(counters)
+    run.log(global_step, {f"charts/{name}": value for name, value in charts.items()})
+
+
+@contextmanager
+def timed(counters: Counters, *names: str):
+    """Add the wall time of a `with` block to each named counter (seconds, for the chart of the
+    auxiliary phase's share of the training time)."""
+    start = time.time()
+    yield
+    elapsed = time.time() - start
+    for name in names:
+        setattr(counters, name, getattr(counters, name) + elapsed)
+
+
+def aux_time_fraction(counters: Counters) -> float:
     """The share of the training time spent in auxiliary phases."""
-    return counters["aux_time_s"] / max(counters["train_time_s"], 1e-9)
+    return counters.aux_time_s / max(counters.train_time_s, 1e-9)
 
 
-def checkpoint_state(agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters):
+def checkpoint_state(
+    learner: Learner,
+    envs,
+    carry: Carry,
+    aux_buffer: AuxBuffer,
+    reward_stats: RewardStats,
+    counters: Counters,
+) -> dict:
     """Everything a resume needs, as plain CPU tensors and numbers (detail 4)."""
-    k = counters["phase_iteration"]
+    k = counters.phase_iteration  # the rollouts in B
     return {
-        **counters,
-        "agent": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "aux_optimizer": aux_optimizer.state_dict(),
-        **{f"aux_{name}": x[:k].cpu() for name, x in aux.items()},
+        **asdict(counters),
+        "agent": learner.agent.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "aux_optimizer": learner.aux_optimizer.state_dict(),
+        "aux_vtarg": aux_buffer.vtarg[:k].cpu(),
+        "aux_valid": aux_buffer.valid[:k].cpu(),
+        "aux_obs": aux_buffer.obs[:k].cpu(),
         "env_state": env_state(envs),
-        "next_obs": carry["next_obs"].cpu(),
-        **{name: torch.from_numpy(carry[name].copy()) for name in EPISODE_ARRAYS},
-        "reward_moments": reward_norm["moments"].cpu(),
-        "reward_ret": reward_norm["ret"].cpu(),
+        "next_obs": carry.next_obs.cpu(),
+        **{name: torch.from_numpy(getattr(carry, name).copy()) for name in EPISODE_ARRAYS},
+        "reward_moments": reward_stats.moments.cpu(),
+        "reward_ret": reward_stats.ret.cpu(),
         "rng": Run.rng_state(torch=torch.default_generator),
     }
 
 
-def restore(ckpt, agent, optimizer, aux_optimizer, envs, carry, aux, reward_norm, counters):
+def restore(
+    ckpt: dict,
+    learner: Learner,
+    envs,
+    carry: Carry,
+    aux_buffer: AuxBuffer,
+    reward_stats: RewardStats,
+    counters: Counters,
+) -> None:
     """Load a checkpoint (read on the CPU) into the run's objects, in place; its tensors go to the
     run's device (that of the reward statistics, like every tensor of the run)."""
-    device = reward_norm["ret"].device
-    agent.load_state_dict(ckpt["agent"])
-    for opt, name in ((optimizer, "optimizer"), (aux_optimizer, "aux_optimizer")):
+    device = reward_stats.ret.device
+    learner.agent.load_state_dict(ckpt["agent"])
+    for name in ("optimizer", "aux_optimizer"):
+        optimizer = getattr(learner, name)
         # the run's learning-rate tensor, not the checkpoint's (on the CPU; a float in older ones),
         # and fused as the run's (older checkpoints' optimizers were not)
-        ckpt[name]["param_groups"][0] |= {k: opt.param_groups[0][k] for k in ("lr", "fused")}
-        opt.load_state_dict(ckpt[name])  # Adam's moments follow the parameters' device
-    for name, x in aux.items():
-        x[: ckpt["phase_iteration"]] = ckpt[f"aux_{name}"].to(device)
+        group = optimizer.param_groups[0]
+        ckpt[name]["param_groups"][0] |= {key: group[key] for key in ("lr", "fused")}
+        optimizer.load_state_dict(ckpt[name])  # Adam's moments follow the parameters' device
+    k = ckpt["phase_iteration"]  # the rollouts in B
+    aux_buffer.vtarg[:k] = ckpt["aux_vtarg"].to(device)
+    aux_buffer.valid[:k] = ckpt["aux_valid"].to(device)
+    aux_buffer.obs[:k] = ckpt["aux_obs"].to(device)
     if ckpt["env_state"] and env_state(envs):  # the same episodes continue (detail 4)
         set_env_state(envs, ckpt["env_state"])
-        carry.update({name: ckpt[name].numpy().copy() for name in EPISODE_ARRAYS})
-        carry["next_obs"] = ckpt["next_obs"].to(device)
+        for name in EPISODE_ARRAYS:
+            setattr(carry, name, ckpt[name].numpy().copy())
+        carry.next_obs = ckpt["next_obs"].to(device)
     else:
         obs, _ = envs.reset(seed=ckpt["args"]["seed"] + ckpt["iteration"])
-        carry["next_obs"] = torch.as_tensor(obs, dtype=torch.float32, device=device).contiguous()
+        carry.next_obs = torch.as_tensor(obs, dtype=torch.float32, device=device).contiguous()
     Run.set_rng_state(ckpt["rng"], torch=torch.default_generator)
     # (older checkpoints hold the moments as a list of floats)
-    moments = torch.as_tensor(ckpt["reward_moments"], dtype=torch.float64).to(device)
-    reward_norm.update(moments=moments, ret=ckpt["reward_ret"].to(device))
-    counters.update({name: ckpt[name] for name in COUNTERS})
+    reward_stats.moments = torch.as_tensor(ckpt["reward_moments"], dtype=torch.float64).to(device)
+    reward_stats.ret = ckpt["reward_ret"].to(device)
+    for name in COUNTERS:
+        setattr(counters, name, ckpt[name])
+
+
+def env_state(envs: gym.vector.VectorEnv) -> dict:
+    """The numpy state (arrays, generators) of a native vector env; {} for a sync one (e.g. Box2D),
+    which a resume resets instead."""
+    if isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
+        return {}
+    state = {}
+    for name, value in vars(envs.unwrapped).items():
+        if isinstance(value, np.ndarray):
+            state[name] = torch.from_numpy(value.copy())
+        elif isinstance(value, np.random.Generator):
+            state[name] = "rng:" + json.dumps(value.bit_generator.state)
+    return state
+
+
+def set_env_state(envs: gym.vector.VectorEnv, state: dict) -> None:
+    """Put what env_state() saved back into a native vector env: the same episodes continue."""
+    for name, value in state.items():
+        if isinstance(value, str):
+            rng = np.random.Generator(np.random.PCG64())
+            rng.bit_generator.state = json.loads(value[4:])
+            value = rng
+        else:
+            value = value.numpy().copy()
+        setattr(envs.unwrapped, name, value)
 
 
 def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir=None) -> list[float]:
@@ -792,11 +1037,12 @@ def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir=Non
     returns = []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + 10_000 + i)
-        done, ep_return = False, 0.0
+        done = False
+        ep_return = 0.0
         while not done:
             with torch.inference_mode():
                 obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device)
-                action = int(agent.logits(obs_t.unsqueeze(0)).argmax())
+                action = int(agent.logits(obs_t.unsqueeze(0)).argmax())  # [1, obs_dim] -> [1, A]
             obs, reward, terminated, truncated, _ = env.step(action)
             ep_return += float(reward)
             done = terminated or truncated
@@ -807,13 +1053,13 @@ def evaluate(agent, env_id: str, episodes: int, seed: int, device, video_dir=Non
 
 def eval_only(args: Args, run: Run) -> None:
     """Evaluate --checkpoint with its own env, network and seed: its run's final evaluation."""
-    ckpt, device = Run.load_checkpoint(args.checkpoint), run.device
+    ckpt = Run.load_checkpoint(args.checkpoint)
     saved = ckpt["args"]
-    agent = Agent(*check_env(ckpt["env_id"]), saved["hidden_dim"], saved["arch"]).to(device)
+    obs_dim, num_actions = check_env(ckpt["env_id"])
+    agent = Agent(obs_dim, num_actions, saved["hidden_dim"], saved["arch"]).to(run.device)
     agent.load_state_dict(ckpt["agent"])
-    returns = evaluate(
-        agent, ckpt["env_id"], args.eval_episodes, saved["seed"], device, run.video_dir
-    )
+    env_id = ckpt["env_id"]
+    returns = evaluate(agent, env_id, args.eval_episodes, saved["seed"], run.device, run.video_dir)
     run.write_eval_only(ckpt, returns)
 
 

@@ -166,7 +166,8 @@ def test_kl_distillation_is_zero_when_policy_matches_pi_old():
     obs = torch.randn(64, 4)
     logits_old = agent.logits(obs).detach()
     logits, value, aux = agent(obs)
-    kl, _, _ = ppg.aux_losses(logits, value, aux, logits_old, torch.zeros(64), torch.ones(64))
+    losses = ppg.aux_losses(logits, value, aux, logits_old, torch.zeros(64), torch.ones(64))
+    kl = losses["kl"]
     assert abs(kl.item()) < 1e-6
     kl.backward()
     for name, p in agent.named_parameters():
@@ -186,7 +187,7 @@ def test_kl_distillation_is_zero_when_policy_matches_pi_old():
         logits_old + torch.randn_like(logits_old),
         torch.zeros(64),
         torch.ones(64),
-    )[0].backward()
+    )["kl"].backward()
     assert agent.pi_head.weight.grad.abs().max().item() > 1e-4
 
 
@@ -198,9 +199,22 @@ def test_ppo_losses_match_torch_distributions():
     actions, logprob_old, adv = torch.randint(0, 3, (12,)), -torch.rand(12) - 0.5, torch.randn(12)
     valid = torch.ones(12)
     valid[[2, 7]] = 0.0
-    pg, v_loss, entropy, approx_kl, clipfrac = ppg.ppo_losses(
-        logits, value, actions, logprob_old, adv, v_targ, valid, 0.2
+    losses = ppg.ppo_losses(
+        logits,
+        value,
+        actions=actions,
+        logprob_old=logprob_old,
+        advantages=adv,
+        v_targ=v_targ,
+        valid=valid,
+        clip_coef=0.2,
     )
+    assert list(losses) == ["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"]
+    pg = losses["policy_loss"]
+    v_loss = losses["value_loss"]
+    entropy = losses["entropy"]
+    approx_kl = losses["approx_kl"]
+    clipfrac = losses["clipfrac"]
     dist, m = torch.distributions.Categorical(logits=logits), valid.bool()
     ratio = (dist.log_prob(actions) - logprob_old).exp()
     ref_pg = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)[m].mean()
@@ -237,11 +251,14 @@ def test_auxiliary_phase_fits_value_targets_and_keeps_policy(arch):
     aux_before, v_before = errors()
     args = ppg.Args(e_aux=6, aux_num_minibatches=8, max_grad_norm=10.0)
     opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
-    stored = {"obs": obs.view(2, 256, 4), "vtarg": v_targ.view(2, 256), "valid": valid.view(2, 256)}
+    stored = ppg.AuxBuffer(
+        obs=obs.view(2, 256, 4), vtarg=v_targ.view(2, 256), valid=valid.view(2, 256)
+    )
     stats = ppg.auxiliary_phase(agent, opt, stored, args)
     aux_after, v_after = errors()
     assert aux_after < 0.5 * aux_before and v_after < 0.5 * v_before
-    assert stats.shape == (3,) and stats[0] < 0.05  # mean [KL, aux value loss, value loss]
+    # the means of the phase's minibatch losses
+    assert list(stats) == ["kl", "aux_value", "value"] and stats["kl"] < 0.05
     kl = ppg.categorical_kl(logits_old, agent.logits(obs).detach()).mean().item()
     assert kl < 0.05  # beta_clone keeps the policy close to pi_old
 
@@ -270,26 +287,24 @@ def test_each_loss_trains_only_its_parameters(arch, value_groups):
     obs = torch.randn(32, 4)
     ones = torch.ones(32)
     logits, value, aux = agent(obs)
-    pg, v_loss, entropy, _, _ = ppg.ppo_losses(
+    ppo = ppg.ppo_losses(
         logits,
         value,
-        torch.randint(0, 3, (32,)),
-        torch.full((32,), -1.1),
-        torch.randn(32),
-        torch.randn(32),
-        ones,
-        0.2,
+        actions=torch.randint(0, 3, (32,)),
+        logprob_old=torch.full((32,), -1.1),
+        advantages=torch.randn(32),
+        v_targ=torch.randn(32),
+        valid=ones,
+        clip_coef=0.2,
     )
-    kl, aux_v, v_aux_phase = ppg.aux_losses(
-        logits, value, aux, torch.randn(32, 3), torch.randn(32), ones
-    )
+    aux_phase = ppg.aux_losses(logits, value, aux, torch.randn(32, 3), torch.randn(32), ones)
     policy = {"pi_body", "pi_head"}
-    assert grad_groups(agent, pg) == policy
-    assert grad_groups(agent, entropy) == policy
-    assert grad_groups(agent, v_loss) == value_groups
-    assert grad_groups(agent, kl) == policy
-    assert grad_groups(agent, aux_v) == {"pi_body", "aux_head"}
-    assert grad_groups(agent, v_aux_phase) == value_groups
+    assert grad_groups(agent, ppo["policy_loss"]) == policy
+    assert grad_groups(agent, ppo["entropy"]) == policy
+    assert grad_groups(agent, ppo["value_loss"]) == value_groups
+    assert grad_groups(agent, aux_phase["kl"]) == policy
+    assert grad_groups(agent, aux_phase["aux_value"]) == {"pi_body", "aux_head"}
+    assert grad_groups(agent, aux_phase["value"]) == value_groups
 
 
 def test_policy_phase_trains_policy_for_e_pi_epochs_only():
@@ -362,7 +377,7 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
         storage = ppg.rollout_storage(T, N, obs_dim=2, run=cpu_run())
         episodes = ppg.rollout(envs, agent, storage, carry, cpu_run())
         # obs[t + 1]: what step t returned
-        obs = torch.cat([storage["obs"], carry["next_obs"].unsqueeze(0)])
+        obs = torch.cat([storage["obs"], carry.next_obs.unsqueeze(0)])
         t_now, L = obs[:-1, :, 0], obs[:-1, :, 1]
         # The autoreset step is the one taken from an episode's final observation (t = L or t = 4).
         final = (t_now == L) | (t_now == 4)
@@ -371,7 +386,7 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
         A = ppg.gae(
             storage["rewards"],
             storage["values"],
-            agent(carry["next_obs"])[1],
+            agent(carry.next_obs)[1],
             storage["terminated"],
             storage["dones"],
             gamma,
@@ -404,7 +419,7 @@ def test_rollout_valid_mask_and_truncation_bootstrap_on_a_counting_env():
         for _, ret, length in episodes:  # an episode of n steps returns 1 + ... + n
             assert ret == length * (length + 1) / 2 and 2 <= length <= 4
         batch = ppg.make_batch(
-            storage, agent, carry["next_obs"], {}, ppg.Args(gamma=gamma, gae_lambda=lam)
+            storage, agent, carry.next_obs, None, ppg.Args(gamma=gamma, gae_lambda=lam)
         )
         w = batch["valid"].bool()
         assert torch.equal(
@@ -556,6 +571,48 @@ def test_resume_mid_phase_matches_uninterrupted_run(tmp_path, restore_signals):
             assert same_tensors(state, b[opt]["state"][key]), opt
     assert torch.equal(a["reward_moments"], b["reward_moments"])
     assert torch.equal(a["reward_ret"], b["reward_ret"])
+    assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signal_at, step, phase_iteration, aux_phases",
+    [
+        (5, 320, 2, 1),  # the phase's 2nd iteration: the loop leaves the policy phase early
+        (6, 384, 0, 2),  # its last (N_pi = 3): the auxiliary phase still runs before the stop
+    ],
+)
+def test_signal_mid_phase_then_resume_matches_uninterrupted_run(
+    tmp_path, restore_signals, monkeypatch, signal_at, step, phase_iteration, aux_phases
+):
+    """SIGTERM during a policy iteration stops the nested loop after that iteration (and after the
+    auxiliary phase if the iteration filled B); the checkpoint resumes the phase where it stopped,
+    to the same weights, optimizer states, reward statistics, metrics and evaluation as one run."""
+    common = dict(norm_reward=True, eval_interval=0, checkpoint_interval=0, total_steps=1024)
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(full, **common)
+    phase_then_sigterm, calls = sigterm_on_call(signal_at, ppg.policy_phase)
+    monkeypatch.setattr(ppg, "policy_phase", phase_then_sigterm)
+    run(part, **common)
+    monkeypatch.undo()
+    ckpt = load(part)
+    assert len(calls) == signal_at and not (part / "summary.json").exists()
+    assert (ckpt["global_step"], ckpt["phase_iteration"], ckpt["aux_phases"]) == (
+        step,
+        phase_iteration,
+        aux_phases,
+    )
+    assert ckpt["aux_obs"].shape[0] == phase_iteration  # the rollouts of B so far
+    run(part, resume=str(part / "checkpoints" / "latest.pt"), **common)
+    assert [s for s, _ in scalars(part, "losses/aux/kl")] == [192, 384, 576, 768, 960]
+    assert same_tags(full, part)
+    a, b = load(full), load(part)
+    assert same_tensors(a["agent"], b["agent"])
+    for opt in ("optimizer", "aux_optimizer"):
+        for key, state in a[opt]["state"].items():
+            assert same_tensors(state, b[opt]["state"][key]), opt
+    assert torch.equal(a["reward_moments"], b["reward_moments"])
+    assert torch.equal(a["aux_obs"], b["aux_obs"])
     assert summary(part)["eval_returns"] == summary(full)["eval_returns"]
 
 
@@ -717,18 +774,17 @@ def test_restore_moves_every_tensor_to_the_device(tmp_path, restore_signals):
     meta = torch.device("meta")
     agent = ppg.Agent(4, 2, TINY_ARGS["hidden_dim"], "dual").to(meta)
     optimizers = [torch.optim.Adam(agent.parameters(), lr=1e-3) for _ in range(2)]
+    learner = ppg.Learner(agent=agent, optimizer=optimizers[0], aux_optimizer=optimizers[1])
     envs = ppg.make_envs("CartPole-v1", TINY_ARGS["num_envs"])
     batch_size = TINY_ARGS["num_envs"] * TINY_ARGS["num_steps"]
-    aux = {
-        "obs": torch.zeros(3, batch_size, 4, device=meta),
-        "vtarg": torch.zeros(3, batch_size, device=meta),
-        "valid": torch.zeros(3, batch_size, device=meta),
-    }
-    carry = {"next_obs": None, "autoreset": None, "ep_return": None, "ep_length": None}
-    reward_norm, counters = {"moments": None, "ret": torch.zeros(4, device=meta)}, {}
-    ppg.restore(ckpt, agent, *optimizers, envs, carry, aux, reward_norm, counters)
+    aux_buffer = ppg.AuxBuffer.empty(3, batch_size, 4, device=meta)
+    carry = ppg.Carry(next_obs=None, autoreset=None, ep_return=None, ep_length=None)
+    reward_stats = ppg.RewardStats(moments=None, ret=torch.zeros(4, device=meta))
+    counters = ppg.Counters()
+    ppg.restore(ckpt, learner, envs, carry, aux_buffer, reward_stats, counters)
     envs.close()
-    assert carry["next_obs"].device == reward_norm["ret"].device == meta
+    assert carry.next_obs.device == reward_stats.ret.device == reward_stats.moments.device == meta
+    assert aux_buffer.obs.device == meta
     assert all(
         state.device == meta
         for opt in optimizers
@@ -736,7 +792,7 @@ def test_restore_moves_every_tensor_to_the_device(tmp_path, restore_signals):
         for k, state in s.items()
         if k != "step"
     )
-    assert counters["phase_iteration"] == 1 and isinstance(carry["autoreset"], np.ndarray)
+    assert counters.phase_iteration == 1 and isinstance(carry.autoreset, np.ndarray)
 
 
 # ------------------------------------------- in process: signals, W&B exit codes, intervals
@@ -763,8 +819,10 @@ def test_non_finite_loss_stops_keeps_checkpoint_and_finishes_wandb_with_1(
 
     def nan_on_third(*a):  # iterations 1 and 2 are fine; the checkpoint of step 128 is saved
         calls.append(1)
-        stats = real_phase(*a)
-        return stats * math.nan if len(calls) == 3 else stats
+        losses = real_phase(*a)
+        if len(calls) == 3:
+            return {name: value * math.nan for name, value in losses.items()}
+        return losses
 
     monkeypatch.setattr(ppg, "policy_phase", nan_on_third)
     with pytest.raises(SystemExit, match="non-finite loss at step 192") as e:
