@@ -22,8 +22,9 @@ Equations (paper, Algorithm 1; reference sac_learner.py):
 Implementation details:
 1. The ensemble is one module (as the reference's vmapped one), each layer one tensor
    [num_qs, in + 1 (+ 2), out]: the weight's rows, the bias, and in the hidden layers each critic's
-   own LayerNorm gain and shift. One batched matrix product (torch.baddbmm) a layer evaluates all
-   critics, one index a layer picks a subset, one torch._foreach_lerp_ updates every target. Each
+   own LayerNorm gain and shift, read through named views (EnsembleLayer). One batched matrix
+   product (torch.baddbmm) a layer evaluates all critics, one index a layer picks a subset, one
+   fused Polyak call (Run.polyak) updates every target. Each
    critic is Linear -> LayerNorm -> ReLU, twice, then Linear -> 1; weights Xavier-uniform, biases
    zero (reference). Faster than ten separate modules (results/rlpd-measurements.md). Checkpoints
    of the older layout (a tensor for each weight, bias, gain and shift) are refused.
@@ -87,10 +88,11 @@ import random
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -99,6 +101,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
+
+# The run harness (class Run, at the bottom) is reached above it through Run(...), run.device,
+# run.resume_checkpoint, run.compile, run.graph_step, Run.polyak, run.to_device, run.start, run.log,
+# run.episode, run.sps, run.end_iteration, run.finish, Run.every and Run.fail, and in the plumbing
+# after train() run.check_finite, Run.rng_state, Run.set_rng_state, Run.load_checkpoint,
+# run.video_dir and run.write_eval_only.
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # reference TanhNormal
 # Prior-data actions stay inside tanh's range (reference D4RLDataset)
@@ -188,64 +196,108 @@ def make_envs(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
 
 
 def scale_action(actions, low, high):
-    # The one place that maps the policy's [-1, 1] to the env's [low, high].
+    """The one place that maps the policy's [-1, 1] to the env's [low, high]."""
     return low + 0.5 * (actions + 1.0) * (high - low)
 
 
 # ---------------------------------------------------------------- networks
+class EnsembleLayer(NamedTuple):
+    """One layer of E critics at once, as named views (no copies) of its packed tensor
+    [E, in + 1 (+ 2), out], whose rows are the weight, the bias and, in a hidden layer, LayerNorm's
+    gain and shift. Gradients reach the packed tensor through the views."""
+
+    weight: torch.Tensor  # [E, in, out]
+    bias: torch.Tensor  # [E, 1, out]
+    ln_gain: torch.Tensor | None  # [E, 1, out]; None in the output layer
+    ln_shift: torch.Tensor | None  # [E, 1, out]; None in the output layer
+
+    @classmethod
+    def of(cls, packed: torch.Tensor, in_dim: int) -> EnsembleLayer:
+        """The views of `packed` [E, in_dim + 1 (+ 2), out]: in_dim rows, then one row each."""
+        weight, bias, *norm = packed.split([in_dim] + [1] * (packed.shape[1] - in_dim), 1)
+        if not norm:
+            return cls(weight, bias, None, None)
+        ln_gain, ln_shift = norm
+        return cls(weight, bias, ln_gain, ln_shift)
+
+
 class EnsembleCritic(nn.Module):
-    # num_qs critics Q_i(s, a), each layer one tensor [num_qs, in + 1 (+ 2), out] (detail 1)
+    """num_qs critics Q_i(s, a), each Linear -> LayerNorm -> ReLU twice, then Linear -> 1,
+    evaluated together: one batched matrix product a layer (detail 1)."""
 
     def __init__(self, num_qs: int, in_dim: int, hidden_dim: int):
+        """Weights Xavier-uniform and biases 0 (reference); LayerNorm gains 1 and shifts 0."""
         super().__init__()
-        self.num_qs, self.layers = num_qs, nn.ParameterList()
+        self.num_qs = num_qs
         dims = [in_dim, hidden_dim, hidden_dim, 1]
-        for i, o in zip(dims, dims[1:]):
-            # The weight Xavier-uniform, as the reference; the bias 0
-            bound = math.sqrt(6.0 / (i + o))
-            rows = [torch.empty(num_qs, i, o).uniform_(-bound, bound), torch.zeros(num_qs, 1, o)]
-            # A hidden layer: then LayerNorm's gain 1 and shift 0
-            if len(self.layers) < 2:
-                rows += [torch.ones(num_qs, 1, o), torch.zeros(num_qs, 1, o)]
+        self.in_dims = dims[:-1]  # each layer's input width
+        # One Parameter a layer, [num_qs, in + 1 (+ 2), out]: the checkpoint's critic.layers.0..2
+        # (EnsembleLayer names its rows)
+        self.layers = nn.ParameterList()
+        for index, (fan_in, fan_out) in enumerate(zip(dims, dims[1:])):
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            weight = torch.empty(num_qs, fan_in, fan_out).uniform_(-bound, bound)
+            bias = torch.zeros(num_qs, 1, fan_out)
+            rows = [weight, bias]
+            hidden = index < len(dims) - 2
+            if hidden:
+                ln_gain = torch.ones(num_qs, 1, fan_out)
+                ln_shift = torch.zeros(num_qs, 1, fan_out)
+                rows += [ln_gain, ln_shift]
             self.layers.append(nn.Parameter(torch.cat(rows, 1)))
 
+    def unpacked(self, members: torch.Tensor | None = None) -> list[EnsembleLayer]:
+        """Every layer's named views: of all critics (E = num_qs), or of `members` only
+        (E = len(members): one index a layer, [E, in + 1 (+ 2), out], picks the subset)."""
+        layers = []
+        for packed, in_dim in zip(self.layers, self.in_dims):
+            if members is not None:
+                packed = packed[members]
+            layers.append(EnsembleLayer.of(packed, in_dim))
+        return layers
+
     def forward(self, obs, actions, members: torch.Tensor | None = None) -> torch.Tensor:
-        # Q_i(s, a) [num_qs, B] of every critic, or [len(members), B] of `members` only (a subset
-        # costs one index a layer)
-        layers = [p if members is None else p[members] for p in self.layers]
-        x = torch.cat([obs, actions], -1).expand(len(layers[0]), -1, -1)
-        for p in layers:
-            # Rows: the weight [in, out], the bias, then in a hidden layer LayerNorm's gain and shift
-            w, b, *norm = p.split([x.shape[-1]] + [1] * (p.shape[1] - x.shape[-1]), 1)
-            x = torch.baddbmm(b, x, w)
-            # Each critic normalises its own features, with its own gain and shift
-            if norm:
-                x = F.relu(F.layer_norm(x, x.shape[-1:]) * norm[0] + norm[1])
-        return x.squeeze(-1)
+        """Q_i(s, a) [E, B] of every critic (E = num_qs), or of `members` only."""
+        layers = self.unpacked(members)
+        x = torch.cat([obs, actions], -1)  # [B, in]
+        # [E, B, in]: every critic sees the same input (a broadcast view, no copy)
+        x = x.expand(layers[0].weight.shape[0], -1, -1)
+        for layer in layers:
+            # bias [E, 1, out] + x [E, B, in] @ weight [E, in, out] -> [E, B, out]
+            x = torch.baddbmm(layer.bias, x, layer.weight)
+            # Each critic normalises its own features, with its own gain and shift [E, 1, out]
+            if layer.ln_gain is not None:
+                x = F.relu(F.layer_norm(x, x.shape[-1:]) * layer.ln_gain + layer.ln_shift)
+        return x.squeeze(-1)  # [E, B]
 
 
 class Actor(nn.Module):
     """Tanh-squashed Gaussian policy over [-1, 1]^|A| (detail 3)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int):
+        """Two ReLU layers, then a mean head and a log-std head; Xavier-uniform weights, zero
+        biases (reference)."""
         super().__init__()
         h = hidden_dim
         self.trunk = nn.Sequential(nn.Linear(obs_dim, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU())
-        self.mean, self.log_std = nn.Linear(h, act_dim), nn.Linear(h, act_dim)
+        self.mean = nn.Linear(h, act_dim)
+        self.log_std = nn.Linear(h, act_dim)
         for layer in (self.trunk[0], self.trunk[2], self.mean, self.log_std):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and clipped log std of the Gaussian before tanh."""
+        """Mean and clipped log std [B, |A|] of the Gaussian before tanh."""
         h = self.trunk(obs)
         return self.mean(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
-        # Reparameterised a = tanh(x), x = mean + std * noise (noise ~ N(0, I) drawn here if not
-        # given), and log pi(a|s)
+        """Reparameterised a = tanh(x), x = mean + std * noise, [..., |A|], and log pi(a|s) [...];
+        noise ~ N(0, I) is drawn here unless given (the compiled actor step takes it as input)."""
         mean, log_std = self(obs)
-        x = mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
+        if noise is None:
+            noise = torch.randn_like(mean)
+        x = mean + log_std.exp() * noise
         return torch.tanh(x), tanh_gaussian_log_prob(x, mean, log_std)
 
 
@@ -253,6 +305,7 @@ class Agent(nn.Module):
     """Actor, critics, target critics and log alpha: one state_dict."""
 
     def __init__(self, obs_dim, act_dim, hidden_dim, num_qs, init_temperature: float = 1.0):
+        """The target critics start as a copy of the critics; alpha = init_temperature."""
         super().__init__()
         self.actor = Actor(obs_dim, act_dim, hidden_dim)
         self.critic = EnsembleCritic(num_qs, obs_dim + act_dim, hidden_dim)
@@ -262,42 +315,53 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------- RLPD math
 def tanh_gaussian_log_prob(x, mean, log_std) -> torch.Tensor:
-    # log pi(tanh(x)) = sum over dims of log N(x; mean, std) - log(1 - tanh(x)^2), the last term
-    # written as 2 (log 2 - x - softplus(-2x)), which stays finite where tanh(x) rounds to +-1.
+    """log pi(tanh(x)|s) [...] of x [..., |A|]: summed over the action's dims,
+    log N(x; mean, std) - log(1 - tanh(x)^2) (SAC, Appendix C)."""
     gaussian = -0.5 * ((x - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    # log(1 - tanh(x)^2) written as 2 (log 2 - x - softplus(-2x)), which stays finite where tanh(x)
+    # rounds to +-1 (reference)
     return (gaussian - 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))).sum(-1)
 
 
-# y is a constant of the critic loss: no gradient flows into the target critics or the actor.
 @torch.no_grad()
 def soft_q_target(target_critic, batch, next_actions, next_log_prob, members, alpha, gamma):
-    # y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')), Z the
-    # target critics `members` (detail 2).
-    next_q = target_critic(batch["next_obs"], next_actions, members).min(0).values
-    return batch["rewards"] + gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_log_prob)
+    """y [B] = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')), Z the
+    target critics `members` (paper, Algorithm 1; detail 2). A constant of the critic loss: no
+    gradient flows into the target critics or the actor. A truncation keeps the bootstrap."""
+    next_q = target_critic(batch["next_obs"], next_actions, members)  # [|Z|, B]
+    min_next_q = next_q.min(0).values  # [B]
+    soft_next_value = min_next_q - alpha * next_log_prob  # [B]
+    return batch["rewards"] + gamma * (1.0 - batch["terminated"]) * soft_next_value
 
 
-def gradient_step(optimizer, loss):
+def gradient_step(optimizer, loss) -> None:
+    """Zero the optimizer's gradients, backpropagate `loss`, step."""
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
 
 
-def critic_step(agent, optimizer, batch, next_actions, next_log_prob, members, alpha, gamma, tau):
-    # A critic step on L_Q, then Q'_i <- tau Q_i + (1 - tau) Q'_i; returns L_Q and the mean Q.
+def critic_step(
+    agent, optimizer, batch, *, next_actions, next_log_prob, members, alpha, gamma, tau
+) -> dict[str, torch.Tensor]:
+    """A step on L_Q = mean over critics i and batch of (Q_i(s, a) - y)^2, then the targets'
+    Q'_i <- tau Q_i + (1 - tau) Q'_i. Returns L_Q and the mean Q-value, detached."""
+    # The target y [B], a constant
     y = soft_q_target(
         agent.target_critic, batch, next_actions, next_log_prob, members, alpha, gamma
     )
-    q = agent.critic(batch["obs"], batch["actions"])
-    critic_loss = ((q - y) ** 2).mean()
+    q = agent.critic(batch["obs"], batch["actions"])  # [num_qs, B]
+    critic_loss = ((q - y) ** 2).mean()  # y [B] broadcasts over the critics
     gradient_step(optimizer, critic_loss)
     Run.polyak(agent.target_critic, agent.critic, tau)
-    return torch.stack([critic_loss, q.mean()]).detach()
+    return {"critic_loss": critic_loss.detach(), "q_values": q.mean().detach()}
 
 
-def actor_step(agent, optimizers, obs, noise, alpha, target_entropy):
-    # A step on L_pi, then one on L_alpha; returns both and the entropy.
-    actions, log_prob = agent.actor.sample(obs, noise)
+def actor_step(agent, optimizers, *, obs, noise, alpha, target_entropy) -> dict[str, torch.Tensor]:
+    """A step on L_pi = mean over batch of (alpha log pi(a~|s) - mean_i Q_i(s, a~)), then one on
+    L_alpha = alpha (H - H_target) (detail 3). Returns both losses and the entropy H, detached."""
+    actions, log_prob = agent.actor.sample(obs, noise)  # a~ [B, |A|], log pi [B]
+    # The ensemble's mean over critics, [num_qs, B] -> [B] (not the min of the target)
     actor_loss = (alpha * log_prob - agent.critic(obs, actions).mean(0)).mean()
     # This loss also reaches the critics: their gradients, stale by now (and under CUDA graphs in
     # memory that later graphs reuse), are cleared first; the next critic step clears them again.
@@ -306,164 +370,299 @@ def actor_step(agent, optimizers, obs, noise, alpha, target_entropy):
     entropy = -log_prob.detach().mean()
     alpha_loss = agent.log_alpha.exp() * (entropy - target_entropy)
     gradient_step(optimizers["alpha"], alpha_loss)
-    return torch.stack([actor_loss, alpha_loss, entropy]).detach()
+    return {
+        "actor_loss": actor_loss.detach(),
+        "alpha_loss": alpha_loss.detach(),
+        "entropy": entropy,
+    }
+
+
+@dataclass(frozen=True)
+class UpdateHyper:
+    """The hyperparameters of an update round (Args' values, the target entropy resolved)."""
+
+    gamma: float
+    tau: float
+    num_min_qs: int
+    target_entropy: float
+
+
+@dataclass(frozen=True)
+class UpdateSteps:
+    """An update round's two gradient steps, eager or compiled (run.compile under --compile), and
+    what runs before each compiled step (run.graph_step: lets a CUDA graph reuse the last one's
+    memory); eager by default."""
+
+    critic: Callable = critic_step
+    actor: Callable = actor_step
+    graph_step: Callable[[], None] = lambda: None
 
 
 def update(
-    agent, optimizers, batches, gamma, tau, num_min_qs, target_entropy, steps=None, graph_step=None
-) -> dict:
-    # One update round (detail 4) on minibatches [utd, batch, ...]: a critic step and a target
-    # update on each, then one actor and one temperature step on the last. Returns the losses.
-    # `steps`: critic_step and actor_step, compiled with --compile.
-    critic, actor = steps or (critic_step, actor_step)
-    utd, alpha = len(batches["rewards"]), agent.log_alpha.exp().detach()
-    # Random draws stay outside the compiled steps. Each step's Z, num_min_qs distinct critics:
-    # the first of a random order, for all steps in one call.
-    members = torch.rand(utd, agent.critic.num_qs, device=alpha.device).argsort(1)[:, :num_min_qs]
-    # The actor is fixed during the critic steps: all a' in one pass
+    agent, optimizers, batches, hyper: UpdateHyper, steps: UpdateSteps = UpdateSteps()
+) -> dict[str, torch.Tensor]:
+    """One update round (paper, Algorithm 1; detail 4) on minibatches [utd, B, ...]: a critic step
+    and a target update on each, then one actor and one temperature step on the last. Returns the
+    named losses and alpha, 0-dim tensors on the device."""
+    utd = len(batches["rewards"])
+    alpha = agent.log_alpha.exp().detach()  # a constant of every loss but L_alpha
+    # Random draws stay outside the compiled steps. Each critic step's Z, num_min_qs distinct
+    # critics: the first of a random order, all steps' in one call.
+    order = torch.rand(utd, agent.critic.num_qs, device=alpha.device).argsort(1)  # [utd, num_qs]
+    members = order[:, : hyper.num_min_qs]  # [utd, num_min_qs]
+    # The actor is fixed during the critic steps: every step's a' ~ pi(.|s') in one pass
     with torch.no_grad():
+        # [utd, B, |A|] and [utd, B]
         next_actions, next_log_prob = agent.actor.sample(batches["next_obs"])
     for i in range(utd):
-        batch = {k: v[i] for k, v in batches.items()}
-        # CUDA graphs reuse a step's outputs in the next: clone what is kept
-        if graph_step:
-            graph_step()
-        inputs = (batch, next_actions[i], next_log_prob[i], members[i], alpha, gamma, tau)
-        critic_losses = critic(agent, optimizers["critic"], *inputs).clone()
-    if graph_step:
-        graph_step()
-    noise = torch.randn_like(batch["actions"])
-    actor_losses = actor(agent, optimizers, batch["obs"], noise, alpha, target_entropy)
-    losses = torch.cat([critic_losses, actor_losses, alpha[None]])
-    return dict(zip("critic_loss q_values actor_loss alpha_loss entropy alpha".split(), losses))
+        batch = {name: values[i] for name, values in batches.items()}  # minibatch i: [B, ...]
+        steps.graph_step()
+        critic_losses = steps.critic(
+            agent,
+            optimizers["critic"],
+            batch,
+            next_actions=next_actions[i],
+            next_log_prob=next_log_prob[i],
+            members=members[i],
+            alpha=alpha,
+            gamma=hyper.gamma,
+            tau=hyper.tau,
+        )
+        # CUDA graphs reuse a step's outputs in the next: keep copies
+        critic_losses = {name: value.clone() for name, value in critic_losses.items()}
+    # The actor and the temperature learn on the last minibatch
+    steps.graph_step()
+    noise = torch.randn_like(batch["actions"])  # [B, |A|]
+    actor_losses = steps.actor(
+        agent,
+        optimizers,
+        obs=batch["obs"],
+        noise=noise,
+        alpha=alpha,
+        target_entropy=hyper.target_entropy,
+    )
+    return {**critic_losses, **actor_losses, "alpha": alpha}
 
 
+# ---------------------------------------------------------------- data
 class ReplayBuffer:
     """Ring buffer of (s, a, r, s', terminated), a in [-1, 1]: online replay or prior data."""
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int):
-        self.capacity, self.ptr, self.size = capacity, 0, 0
+        """Zeroed float32 arrays of `capacity` rows, one a field."""
+        self.capacity = capacity
+        self.ptr = 0  # the row the next transition goes to
+        self.size = 0  # rows filled
         shapes = ((obs_dim,), (act_dim,), (), (obs_dim,), ())
-        self.data = {k: np.zeros((capacity, *s), np.float32) for k, s in zip(self.FIELDS, shapes)}
+        self.data = {
+            name: np.zeros((capacity, *shape), np.float32)
+            for name, shape in zip(self.FIELDS, shapes)
+        }
 
     @classmethod
     def holding(cls, data: dict) -> ReplayBuffer:
         """A buffer exactly the size of `data` (prior data, or its copy in a checkpoint)."""
         buffer = cls(len(data["rewards"]), data["obs"].shape[1], data["actions"].shape[1])
-        buffer.add(*(np.asarray(data[name]) for name in cls.FIELDS))
+        buffer.add(**{name: np.asarray(data[name]) for name in cls.FIELDS})
         return buffer
 
-    def add(self, *fields) -> None:
-        idx = (self.ptr + np.arange(len(fields[0]))) % self.capacity
-        for name, value in zip(self.FIELDS, fields):
-            self.data[name][idx] = value
+    def add(self, obs, actions, rewards, next_obs, terminated) -> None:
+        """Store n transitions (n rows each) after the last ones, over the oldest when full."""
+        idx = (self.ptr + np.arange(len(obs))) % self.capacity  # [n]
+        new = {
+            "obs": obs,
+            "actions": actions,
+            "rewards": rewards,
+            "next_obs": next_obs,
+            "terminated": terminated,
+        }
+        for name, values in new.items():
+            self.data[name][idx] = values
         self.ptr = int((self.ptr + len(idx)) % self.capacity)
         self.size = min(self.size + len(idx), self.capacity)
 
     def sample(self, shape, rng) -> dict:
+        """Rows drawn uniformly with replacement: each field's [*shape, ...]."""
         idx = rng.integers(0, self.size, shape)
         return {name: values[idx] for name, values in self.data.items()}
 
 
 def sample_mixed(offline, online, utd, batch_size, offline_ratio, rng, to_device) -> dict:
-    # Symmetric sampling (paper, Section 3.1; detail 5): `utd` minibatches [utd, batch_size, ...],
-    # each round(offline_ratio * batch_size) rows of prior data, then online rows.
+    """Symmetric sampling (paper, Section 3.1; detail 5): `utd` minibatches [utd, batch_size, ...]
+    on the device (`to_device` uploads an array), each round(offline_ratio * batch_size) rows of
+    prior data, then online rows."""
     n_offline = round(offline_ratio * batch_size)
-    sources = ((offline, n_offline), (online, batch_size - n_offline))
-    parts = [buffer.sample((utd, n), rng) for buffer, n in sources if n > 0]
-    return {k: to_device(np.concatenate([p[k] for p in parts], 1)) for k in parts[0]}
+    n_online = batch_size - n_offline
+    parts = []
+    if n_offline > 0:
+        parts.append(offline.sample((utd, n_offline), rng))  # [utd, n_offline, ...]
+    if n_online > 0:
+        parts.append(online.sample((utd, n_online), rng))  # [utd, n_online, ...]
+    # Side by side along the minibatch axis: [utd, batch_size, ...]
+    return {name: to_device(np.concatenate([p[name] for p in parts], 1)) for name in parts[0]}
 
 
 def step_and_store(envs, buffer, obs, actions, autoreset):
-    # One vector step; only real transitions are stored (detail 8). Returns the next observations,
-    # the rewards and the mask of envs whose next step is an autoreset.
+    """One vector step; only real transitions are stored (detail 8). Returns the next
+    observations, the rewards and the mask of envs whose next step is an autoreset."""
     low, high = envs.single_action_space.low, envs.single_action_space.high
     next_obs, rewards, terminated, truncated, _ = envs.step(scale_action(actions, low, high))
+    # The step after an episode's end only reset that env: not a transition
     real = ~autoreset
     buffer.add(obs[real], actions[real], rewards[real], next_obs[real], terminated[real])
     return next_obs, rewards, terminated | truncated
 
 
 # ---------------------------------------------------------------- training
+@dataclass
+class Counters:
+    """What the loop counts besides global_step; saved in the checkpoint."""
+
+    num_updates: int = 0  # critic updates so far, pretraining's included
+    pretrain_done: int = 0  # pretraining rounds done (detail 7)
+
+
 def train(args: Args) -> None:
+    """RLPD (Ball et al. 2023, Algorithm 1): online SAC on prior data and its own replay."""
+    # 0. optionally (--pretrain-steps, detail 7): rounds on prior data alone  -> update
+    # Then at every env step:
+    # 1. learn (from learning_starts on), one update round:                    -> update
+    #    a. utd_ratio minibatches, each half prior data, half online replay   -> sample_mixed
+    #    b. on each, a critic step towards y from a random pair of target     -> critic_step,
+    #       critics, and a Polyak update of the target critics                   soft_q_target
+    #    c. on the last, one actor step and one temperature step              -> actor_step
+    # 2. act, a ~ pi(.|s) (uniform before learning_starts); store real steps  -> step_and_store
+    # 3. log episodes and losses; evaluate and checkpoint as due              -> log_losses, run.*
+    # It learns, then acts (CleanRL's SAC acts, stores, then learns: the same sequence), so that the
+    # checkpoint falls after a store and a resumed run's first update round is the straight run's.
     run = Run(args, checks=check_args(args))
     if args.eval_only:
         return eval_only(args, run)
-    device = run.device
     # numpy draws the replay samples and the first random actions
     rng = np.random.default_rng(args.seed)
     envs = make_envs(args.env_id, args.num_envs)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     act_dim = envs.single_action_space.shape[0]
-    agent = Agent(obs_dim, act_dim, args.hidden_dim, args.num_qs, args.init_temperature).to(device)
+    agent = Agent(obs_dim, act_dim, args.hidden_dim, args.num_qs, args.init_temperature)
+    agent = agent.to(run.device)
     adam = partial(torch.optim.Adam, lr=args.learning_rate, fused=True)
-    optimizers = {"actor": adam(agent.actor.parameters()), "alpha": adam([agent.log_alpha])}
-    optimizers["critic"] = adam(agent.critic.parameters())
+    optimizers = {
+        "actor": adam(agent.actor.parameters()),
+        "alpha": adam([agent.log_alpha]),
+        "critic": adam(agent.critic.parameters()),
+    }
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
-    global_step, num_updates, pretrain_done, offline = restore(
-        args, run, agent, optimizers, buffer, rng, envs
-    )
+    counters = Counters()
+    ckpt = run.resume_checkpoint(same=SAME_ON_RESUME)  # None without --resume
+    global_step = restore(ckpt, args.resume, agent, optimizers, buffer, rng, counters)
+    offline = prior_data(args, ckpt, envs)  # a ReplayBuffer, or None with --offline-ratio 0
     obs, _ = envs.reset(seed=args.seed + global_step)
-    hyper = dict(gamma=args.gamma, tau=args.tau, num_min_qs=args.num_min_qs)
-    hyper["target_entropy"] = -act_dim / 2 if args.target_entropy is None else args.target_entropy
-    hyper["steps"] = [run.compile(step) for step in (critic_step, actor_step)]
-    hyper["graph_step"] = run.graph_step
-    to_device = partial(run.to_device, dtype=torch.float32)
-    sample = partial(
-        sample_mixed, offline, buffer, args.utd_ratio, args.batch_size, rng=rng, to_device=to_device
+    if args.target_entropy is None:
+        target_entropy = -act_dim / 2
+    else:
+        target_entropy = args.target_entropy
+    hyper = UpdateHyper(
+        gamma=args.gamma,
+        tau=args.tau,
+        num_min_qs=args.num_min_qs,
+        target_entropy=target_entropy,
     )
+    steps = UpdateSteps(
+        critic=run.compile(critic_step),
+        actor=run.compile(actor_step),
+        graph_step=run.graph_step,
+    )
+    to_device = partial(run.to_device, dtype=torch.float32)
+    # Called by the harness when it saves and evaluates
+    state = partial(checkpoint_state, agent, optimizers, buffer, offline, counters, rng)
     evaluate_policy = partial(evaluate, agent.actor, args, to_device)
+    about = {
+        "target_entropy": target_entropy,
+        "offline_transitions": offline.size if offline else 0,
+    }
 
-    # Called when saving: the counters as they are then
-    def state() -> dict:
-        return checkpoint_state(agent, optimizers, buffer, offline, num_updates, pretrain_done, rng)
-
-    prior_size = offline.size if offline else 0
-    extra = dict(target_entropy=hyper["target_entropy"], offline_transitions=prior_size)
-    stop = run.stop
-    with run.start(global_step, args.total_steps, state=state, evaluate=evaluate_policy, **extra):
-        while pretrain_done < args.pretrain_steps and not stop:  # detail 7
-            losses = update(agent, optimizers, sample(offline_ratio=1.0), **hyper)
-            pretrain_done, num_updates = pretrain_done + 1, num_updates + args.utd_ratio
-            step = pretrain_done - args.pretrain_steps  # the last round at step 0
-            log_losses(run, "pretrain", step, losses, pretrain_done % 100 == 0 or step == 0)
+    with run.start(global_step, args.total_steps, state=state, evaluate=evaluate_policy, **about):
+        # 0. pretraining (detail 7): the rounds log at steps -pretrain_steps + 1 .. 0
+        while counters.pretrain_done < args.pretrain_steps and not run.stop:
+            batches = sample_mixed(
+                offline,
+                buffer,
+                utd=args.utd_ratio,
+                batch_size=args.batch_size,
+                offline_ratio=1.0,
+                rng=rng,
+                to_device=to_device,
+            )
+            losses = update(agent, optimizers, batches, hyper, steps)
+            counters.pretrain_done += 1
+            counters.num_updates += args.utd_ratio
+            step = counters.pretrain_done - args.pretrain_steps
+            due = counters.pretrain_done % 100 == 0 or step == 0
+            log_losses(run, "pretrain", step, losses, due)
             if step == 0:
                 run.log(0, {"pretrain/eval_return": np.mean(evaluate_policy())})
-        autoreset = np.zeros(args.num_envs, bool)
-        ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, int)
-        while global_step < args.total_steps and not stop:
-            if global_step >= args.learning_starts and buffer.size > 0:  # detail 9: learn, then act
-                for _ in range(args.num_envs):  # keeps utd_ratio per env step
-                    losses = update(agent, optimizers, sample(args.offline_ratio), **hyper)
-                num_updates += args.utd_ratio * args.num_envs
+
+        autoreset = np.zeros(args.num_envs, bool)  # envs whose next step only resets them
+        ep_return = np.zeros(args.num_envs)
+        ep_length = np.zeros(args.num_envs, int)
+        while global_step < args.total_steps and not run.stop:
+            # 1. learn on what is stored: utd_ratio update rounds' worth per env step
+            if global_step >= args.learning_starts and buffer.size > 0:
+                for _ in range(args.num_envs):
+                    batches = sample_mixed(
+                        offline,
+                        buffer,
+                        utd=args.utd_ratio,
+                        batch_size=args.batch_size,
+                        offline_ratio=args.offline_ratio,
+                        rng=rng,
+                        to_device=to_device,
+                    )
+                    losses = update(agent, optimizers, batches, hyper, steps)
+                counters.num_updates += args.utd_ratio * args.num_envs
                 due = Run.every(global_step, global_step - args.num_envs, 100)  # as CleanRL
                 log_losses(run, "losses", global_step, losses, due)
+
+            # 2. act and store
             if global_step < args.learning_starts:
                 actions = rng.uniform(-1.0, 1.0, (args.num_envs, act_dim)).astype(np.float32)
             else:
                 with torch.inference_mode():
-                    actions = agent.actor.sample(to_device(obs))[0].cpu().numpy()
+                    policy_actions, _ = agent.actor.sample(to_device(obs))
+                    actions = policy_actions.cpu().numpy()
             next_obs, rewards, dones = step_and_store(envs, buffer, obs, actions, autoreset)
             ep_return += rewards * ~autoreset
             ep_length += ~autoreset
-            obs, autoreset = next_obs, dones
-            prev_step, global_step = global_step, global_step + args.num_envs
+            obs = next_obs
+            autoreset = dones
+            prev_step = global_step
+            global_step += args.num_envs
+
+            # 3. log
             for i in np.flatnonzero(autoreset):
                 run.episode(global_step, ep_return[i], ep_length[i])
-                ep_return[i], ep_length[i] = 0.0, 0
-            if Run.every(global_step, prev_step, 1000) or global_step >= args.total_steps or stop:
+                ep_return[i] = 0.0
+                ep_length[i] = 0
+            if (
+                Run.every(global_step, prev_step, 1000)
+                or global_step >= args.total_steps
+                or run.stop
+            ):
                 run.log(global_step, {"charts/SPS": run.sps(global_step)})
                 run.log(global_step, {"charts/learning_rate": args.learning_rate})
             run.end_iteration(global_step)
         envs.close()
-        run.finish(global_step, num_updates=num_updates)
+        run.finish(global_step, num_updates=counters.num_updates)
 
 
 # ---------------------------------------------------------------- the file's own plumbing
 def check_args(args: Args) -> list[tuple[bool, str]]:
-    data_id, data_path, ratio = args.dataset_id, args.dataset_path, args.offline_ratio
+    """The file's own flag checks, (condition, message) rows for Run."""
+    data_id = args.dataset_id
+    data_path = args.dataset_path
+    ratio = args.offline_ratio
     has_data = bool(data_id or data_path)
     rows = [
         (0 <= ratio <= 1, f"--offline-ratio must be in [0, 1], got {ratio}"),
@@ -499,8 +698,12 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
     except Exception as e:
         # Unknown id, missing entry-point module, missing dependency
-        raise Run.fail(f"cannot make environment {env_id!r} ({str(e).splitlines()[0]}); check the id")
-    obs_space, act_space, box = env.observation_space, env.action_space, gym.spaces.Box
+        raise Run.fail(
+            f"cannot make environment {env_id!r} ({str(e).splitlines()[0]}); check the id"
+        )
+    obs_space = env.observation_space
+    act_space = env.action_space
+    box = gym.spaces.Box
     problem = None
     if isinstance(obs_space, box) and len(obs_space.shape) > 1:
         problem = "has image observations; use ppo_atari.py or dqn_atari.py"
@@ -516,9 +719,21 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     return env
 
 
+def prior_data(args: Args, ckpt: dict | None, envs) -> ReplayBuffer | None:
+    """The prior data as a buffer: the checkpoint's copy on a resume (no dataset is read again),
+    else the dataset of --dataset-id or --dataset-path, else None (--offline-ratio 0)."""
+    if ckpt is not None:
+        return ReplayBuffer.holding(ckpt["offline_data"]) if ckpt["offline_data"] else None
+    if not (args.dataset_id or args.dataset_path):
+        return None
+    data = load_prior_data(args, envs.single_observation_space, envs.single_action_space)
+    return ReplayBuffer.holding(data)
+
+
 def load_prior_data(args: Args, obs_space, act_space) -> dict:
-    # The Minari dataset of --dataset-id or --dataset-path as transitions (s, a, r, s', terminated),
-    # a in [-1, 1] (detail 6); a missing, mismatched, non-finite or empty one stops in one line.
+    """The Minari dataset of --dataset-id or --dataset-path as transitions (s, a, r, s',
+    terminated), a in [-1, 1] (detail 6); a missing, mismatched, non-finite or empty one stops in
+    one line."""
     # minari is imported here: only runs with prior data need it.
     import minari
 
@@ -563,46 +778,59 @@ def load_prior_data(args: Args, obs_space, act_space) -> dict:
 
 
 def buffer_state(buffer: ReplayBuffer) -> dict:
+    """A buffer's filled rows and pointers, for the checkpoint."""
     # Copies of the filled part: torch.save of a view would write the whole array.
     data = {k: torch.from_numpy(v[: buffer.size].copy()) for k, v in buffer.data.items()}
     return {"ptr": buffer.ptr, "size": buffer.size, **data}
 
 
-def checkpoint_state(agent, optimizers, buffer, offline, num_updates, pretrain_done, rng) -> dict:
+def checkpoint_state(agent, optimizers, buffer, offline, counters: Counters, rng) -> dict:
+    """The checkpoint's algorithm part: networks, optimizers, both buffers, counters, generators."""
     return {
         "agent": agent.state_dict(),
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "replay_buffer": buffer_state(buffer),
         "offline_data": buffer_state(offline) if offline else None,
-        "num_updates": num_updates,
-        "pretrain_done": pretrain_done,
+        "num_updates": counters.num_updates,
+        "pretrain_done": counters.pretrain_done,
         "rng": Run.rng_state(torch=torch.default_generator, numpy=rng),
     }
 
 
-def restore(args: Args, run, agent, optimizers, buffer, rng, envs):
-    # --resume's state, its prior data included (no dataset is read again), else the dataset (if
-    # any). Returns global_step, num_updates, pretrain_done and the prior data's buffer or None.
-    if not args.resume:
-        if not (args.dataset_id or args.dataset_path):
-            return 0, 0, 0, None
-        data = load_prior_data(args, envs.single_observation_space, envs.single_action_space)
-        return 0, 0, 0, ReplayBuffer.holding(data)
-    data_flags = ("dataset_id", "dataset_path", "offline_ratio", "pretrain_steps")
-    ckpt = run.resume_checkpoint(data_flags + ("hidden_dim", "num_qs", "num_envs", "buffer_size"))
-    load_agent(agent, ckpt, args.resume)
+# A resume must keep the data, the widths and the buffer (detail 10); the order of the refusals
+SAME_ON_RESUME = (
+    "dataset_id",
+    "dataset_path",
+    "offline_ratio",
+    "pretrain_steps",
+    "hidden_dim",
+    "num_qs",
+    "num_envs",
+    "buffer_size",
+)
+
+
+def restore(ckpt, path, agent, optimizers, buffer, rng, counters: Counters) -> int:
+    """Put --resume's checkpoint (read from `path`) back into the agent, the optimizers, the online
+    replay, the generators and the counters; returns its global_step (0 without a checkpoint)."""
+    if ckpt is None:
+        return 0
+    load_agent(agent, ckpt, path)
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(ckpt["optimizers"][name])
     replay = ckpt["replay_buffer"]
-    buffer.ptr, buffer.size = int(replay["ptr"]), int(replay["size"])
+    buffer.ptr = int(replay["ptr"])
+    buffer.size = int(replay["size"])
     for name, values in buffer.data.items():
         values[: buffer.size] = replay[name].numpy()
     Run.set_rng_state(ckpt["rng"], torch=torch.default_generator, numpy=rng)
-    offline = ReplayBuffer.holding(ckpt["offline_data"]) if ckpt["offline_data"] else None
-    return ckpt["global_step"], ckpt["num_updates"], ckpt["pretrain_done"], offline
+    counters.num_updates = ckpt["num_updates"]
+    counters.pretrain_done = ckpt["pretrain_done"]
+    return ckpt["global_step"]
 
 
 def load_agent(agent, ckpt, path) -> None:
+    """The checkpoint's weights; one line for the critics' older layout."""
     # The older layout: critic.weights, .biases, .ln_gains and .ln_biases, a tensor each
     if "critic.layers.0" not in ckpt["agent"]:
         raise Run.fail(
@@ -612,14 +840,15 @@ def load_agent(agent, ckpt, path) -> None:
 
 
 def log_losses(run, prefix, step, losses, due) -> None:
-    # Stop on a non-finite loss (pretraining counts as step 0); log prefix/* when due.
-    run.check_finite(torch.stack(list(losses.values())), max(step, 0))
+    """Stop on a non-finite loss (pretraining counts as step 0); log prefix/<name> when due."""
+    values = torch.stack(list(losses.values()))  # [len(losses)]: one copy to the host, if logged
+    run.check_finite(values, max(step, 0))
     if due:
-        run.log(step, {f"{prefix}/{k}": v for k, v in losses.items()})
+        run.log(step, {f"{prefix}/{name}": v for name, v in zip(losses, values.tolist())})
 
 
 def evaluate(actor: Actor, args: Args, to_device, video_dir: Path | None = None) -> list[float]:
-    # Deterministic returns, a = tanh(mean), of episodes seeded seed + 10_000 + i (detail 11)
+    """Deterministic returns, a = tanh(mean), of episodes seeded seed + 10_000 + i (detail 11)."""
     env = make_env(args.env_id, render_mode="rgb_array" if video_dir else None)
     if video_dir:
         env = gym.wrappers.RecordVideo(
@@ -629,30 +858,33 @@ def evaluate(actor: Actor, args: Args, to_device, video_dir: Path | None = None)
     returns = []
     for i in range(args.eval_episodes):
         obs, _ = env.reset(seed=args.seed + 10_000 + i)
-        done, total = False, 0.0
+        done = False
+        total = 0.0
         while not done:
             with torch.inference_mode():
                 mean, _ = actor(to_device(obs[None]))
             action = scale_action(torch.tanh(mean[0]).cpu().numpy(), low, high)
             obs, reward, terminated, truncated, _ = env.step(action)
-            total, done = total + float(reward), terminated or truncated
+            total += float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
 
 
 def eval_only(args: Args, run) -> None:
-    # Evaluate --checkpoint with its own env, network and seed: it repeats the final evaluation
-    ckpt, device = Run.load_checkpoint(args.checkpoint), run.device
+    """Evaluate --checkpoint with its own env, network and seed: it repeats the final evaluation."""
+    ckpt = Run.load_checkpoint(args.checkpoint)
     env = make_env(ckpt["env_id"])
-    obs_dim, act_dim = int(np.prod(env.observation_space.shape)), env.action_space.shape[0]
+    obs_dim = int(np.prod(env.observation_space.shape))
+    act_dim = env.action_space.shape[0]
     env.close()
     agent = Agent(obs_dim, act_dim, ckpt["args"]["hidden_dim"], ckpt["args"]["num_qs"])
     load_agent(agent, ckpt, args.checkpoint)
-    video_dir = run.video_dir
     run_args = replace(args, env_id=ckpt["env_id"], seed=ckpt["args"]["seed"])
     to_device = partial(run.to_device, dtype=torch.float32)
-    run.write_eval_only(ckpt, evaluate(agent.actor.to(device), run_args, to_device, video_dir))
+    returns = evaluate(agent.actor.to(run.device), run_args, to_device, run.video_dir)
+    run.write_eval_only(ckpt, returns)
 
 
 # ===== run harness: the same text in every file of algos/, written from benchmark/run_harness.py

@@ -134,6 +134,34 @@ def test_stacked_ensemble_equals_ten_separate_critics():
     torch.testing.assert_close(y, batch["rewards"] + 0.9 * mask * (next_q - 0.1 * log_prob))
 
 
+def test_named_views_are_the_packed_layers_rows():
+    """EnsembleLayer names the rows of each packed layer [E, in + 1 (+ 2), out] without copying
+    them: weight [E, in, out], bias, LayerNorm gain and shift [E, 1, out] (none in the output
+    layer); a subset's views are those rows of its members; the checkpoint keeps one tensor a
+    layer."""
+    critic = rlpd.EnsembleCritic(10, 5, 8)
+    layers = critic.unpacked()
+    for layer, p, (d_in, d_out, hidden) in zip(
+        layers, critic.layers, [(5, 8, True), (8, 8, True), (8, 1, False)]
+    ):
+        assert layer.weight.shape == (10, d_in, d_out) and layer.bias.shape == (10, 1, d_out)
+        assert layer.weight.data_ptr() == p.data_ptr()  # a view, not a copy
+        assert torch.equal(layer.weight, p[:, :d_in]) and torch.equal(
+            layer.bias, p[:, d_in:][:, :1]
+        )
+        if hidden:
+            assert torch.equal(layer.ln_gain, p[:, d_in + 1 : d_in + 2])
+            assert torch.equal(layer.ln_shift, p[:, d_in + 2 :])
+            assert layer.ln_gain.eq(1).all() and layer.ln_shift.eq(0).all()
+        else:
+            assert layer.ln_gain is None and layer.ln_shift is None
+    members = torch.tensor([7, 2])
+    for subset, layer in zip(critic.unpacked(members), layers):
+        assert torch.equal(subset.weight, layer.weight[members])
+        assert torch.equal(subset.bias, layer.bias[members])
+    assert list(critic.state_dict()) == ["layers.0", "layers.1", "layers.2"]
+
+
 def test_ensemble_speed_runs_on_this_file():
     """results/ensemble_speed.py (the timing behind results/rlpd-measurements.md) still builds its
     separate critics from this file's ensemble (it refuses to time them if their Q-values differ)
@@ -185,7 +213,8 @@ def test_each_critic_step_targets_two_distinct_random_critics():
     agent.target_critic = RecordingCritic(10, 4, 16).requires_grad_(False)
     agent.target_critic.load_state_dict(agent.critic.state_dict())
     agent.target_critic.calls = []
-    rlpd.update(agent, optimizers, batches, 0.99, 0.005, 2, target_entropy=-0.5)
+    hyper = rlpd.UpdateHyper(gamma=0.99, tau=0.005, num_min_qs=2, target_entropy=-0.5)
+    rlpd.update(agent, optimizers, batches, hyper)
     pairs = [tuple(sorted(m.tolist())) for m in agent.target_critic.calls]
     assert len(pairs) == 400 and all(a != b for a, b in pairs)
     assert set(pairs) == set(itertools.combinations(range(10), 2))
@@ -237,7 +266,8 @@ def test_update_round_counts_and_temperature_direction():
     torch.manual_seed(0)
     agent, optimizers, batches = update_inputs(utd=3)
     target_before = agent.target_critic.layers[0].clone()
-    losses = rlpd.update(agent, optimizers, batches, 0.99, 0.5, 2, target_entropy=-100.0)
+    hyper = rlpd.UpdateHyper(gamma=0.99, tau=0.5, num_min_qs=2, target_entropy=-100.0)
+    losses = rlpd.update(agent, optimizers, batches, hyper)
     steps = {name: next(iter(o.state.values()))["step"].item() for name, o in optimizers.items()}
     assert steps == {"actor": 1, "critic": 3, "alpha": 1}
     assert agent.log_alpha.item() < 0 and losses["alpha"].item() == pytest.approx(1.0)
