@@ -831,14 +831,14 @@ class Run:
     """
 
     def __init__(self, args, checks: list[tuple[bool, str]] = ()) -> None:
-        """Stop at the first failed check (the common flags' first), then seed and pick the
-        device; --run-dir must not name a file."""
-        Run.check_flags(args, list(checks))
-        self.args = args
-        self.device = Run.seed_and_pick_device(args)
+        """Stop if --run-dir names a file, or at the first failed check (the common flags'
+        first); then seed and pick the device."""
         self.run_dir = Run.run_dir_for(args, args.checkpoint if args.eval_only else args.resume)
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise Run.fail(f"--run-dir {self.run_dir} is a file; pass a folder's path")
+        Run.check_flags(args, list(checks))
+        self.args = args
+        self.device = Run.seed_and_pick_device(args)
         self.checkpoint = self.run_dir / "checkpoints" / "latest.pt"
         self.stop: list[int] = []  # made true by the first SIGINT or SIGTERM
         if not args.eval_only:
