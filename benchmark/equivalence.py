@@ -719,6 +719,8 @@ def equivalence_line(
     head = f"  - behaviour-equivalent by `python -m benchmark equivalence`{where}: "
     if set(groups) == {EQUIVALENT}:
         return head + "all"
+    if set(groups) == {"not checked"}:
+        return head + "not checked"
     parts = [", ".join(f"`{n}`" for n, _ in groups[EQUIVALENT]) if EQUIVALENT in groups else "none"]
     if DIFFERENT in groups:
         parts.append("found DIFFERENT: " + ", ".join(f"`{n}`" for n, _ in groups[DIFFERENT]))
