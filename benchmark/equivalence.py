@@ -24,7 +24,12 @@ reported beside the verdict, never compared.
 A preset is equivalent, DIFFERENT (with its first difference: a checkpoint's key path and
 tensor with the largest absolute difference and the first differing index, a scalar's tag and
 step with both values, or a summary field) or FAILED (a run failed: its reason and last log
-lines). The report (`results/equivalence-<commit>.md`) lists the commands, the commit, the
+lines). A DIFFERENT preset is run twice more with the commit's file: when those two runs differ
+from each other as well, the preset does not repeat itself (appo.py's runs with two actor
+processes take the actors' rollouts in the order they arrive) and its verdict is IRREPRODUCIBLE,
+which says nothing either way; a file whose other presets are equivalent is then "equivalent
+where reproducible". A flag the change added shows as one more stored argument; it is noted
+with its default, not counted as a difference. The report (`results/equivalence-<commit>.md`) lists the commands, the commit, the
 working tree's state and the table; beside it a `.json` of the same name records, per algorithm
 file, the git blob ids of the two versions compared and the verdict, from which `python -m
 benchmark readme` says whether the files changed since the sweep were proved equivalent.
@@ -60,6 +65,11 @@ FORCED_ARGS = {"device": "cpu", "torch-deterministic": True}
 CHECKPOINT_SUFFIXES = (".pt", ".npz")
 TAIL_LINES = 8
 EQUIVALENT, DIFFERENT, FAILED = "equivalent", "DIFFERENT", "FAILED"
+# a preset whose smoke run, repeated with the commit's own file, does not repeat itself (runs that
+# race, such as appo.py's with two actor processes): no verdict is possible
+IRREPRODUCIBLE = "IRREPRODUCIBLE"
+# a file's verdict when its other presets are equivalent and the rest irreproducible
+EQUIVALENT_WHERE_REPRODUCIBLE = "equivalent where reproducible"
 
 
 # --- the comparison -----------------------------------------------------------------------------
@@ -343,8 +353,9 @@ def _judge(preset: Preset, records: dict[str, dict[str, Any]], runs: dict[str, P
             " | " + " | ".join(tail.splitlines()[-3:]) if tail else ""
         )
         return Outcome(preset.name, preset.algo, FAILED, detail, wall_s=wall, log=tail)
+    first, second = list(records)
     try:
-        result = compare_runs(runs["commit"], runs["working tree"])
+        result = compare_runs(runs[first], runs[second])
     except Exception as e:  # an unreadable output: the runs cannot be said to agree
         detail = f"cannot compare: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         return Outcome(preset.name, preset.algo, FAILED, detail, wall_s=wall)
@@ -396,6 +407,38 @@ def _run_pairs(
     calls = Callbacks(lambda job, where: None, lambda job, progress: None, finished)
     machine = Machine(options.workers, physical_memory_gb(), [])
     run_local([job for _, _, job in jobs.values()], machine, algos_dir, calls)
+
+
+def _recheck_the_commit(
+    presets: list[Preset],
+    commit: Side,
+    root: Path,
+    algos_dir: Path,
+    options: Options,
+    outcomes: dict[str, Outcome],
+    lock: threading.Lock,
+) -> None:
+    """Run each DIFFERENT preset twice more with the commit's own file: where those two runs
+    differ from each other too, the preset does not repeat itself and its difference says
+    nothing of the change (IRREPRODUCIBLE); where they agree, DIFFERENT stands."""
+    print(
+        f"checking that the commit's runs repeat themselves: {', '.join(p.name for p in presets)}",
+        flush=True,
+    )
+
+    def report(check: Outcome) -> None:
+        if check.verdict != DIFFERENT:
+            return
+        with lock:
+            first = outcomes[check.preset]
+            detail = f"the commit's own two runs differ too: {check.detail}"
+            outcomes[check.preset] = Outcome(
+                first.preset, first.algo, IRREPRODUCIBLE, detail, check.differences, first.wall_s
+            )
+            print(outcomes[check.preset].line(), flush=True)
+
+    sides = [commit, Side("commit again", commit.folder)]
+    _run_pairs(presets, sides, root / "reproducibility", algos_dir, options, report)
 
 
 def _slug(side: Side) -> str:
@@ -511,21 +554,26 @@ def _compare_all(
     started = time.monotonic()
     try:
         _run_pairs(runnable, sides, root, algos_dir, options, report)
+        different = [p for p in runnable if outcomes[p.name].verdict == DIFFERENT]
+        if different:
+            _recheck_the_commit(different, sides[0], root, algos_dir, options, outcomes, lock)
     except KeyboardInterrupt:
         print("interrupted: no report written", flush=True)
         return 130
     seconds = time.monotonic() - started
     ordered = [outcomes[p.name] for p in chosen]
-    counts = {v: sum(o.verdict == v for o in ordered) for v in (EQUIVALENT, DIFFERENT, FAILED)}
+    verdicts = (EQUIVALENT, DIFFERENT, FAILED, IRREPRODUCIBLE)
+    counts = {v: sum(o.verdict == v for o in ordered) for v in verdicts}
     out = options.out or Path("results") / f"equivalence-{short}.md"
     write_atomic(out, render(plan, ordered, zoo, state, seconds, options))
     write_json(out.with_suffix(".json"), record(plan, ordered, zoo, seconds, options.command))
     print(
-        f"{counts[EQUIVALENT]} equivalent, {counts[DIFFERENT]} different, {counts[FAILED]} failed "
-        f"of {len(ordered)} presets in {seconds / 60:.1f} min; report: {out}",
+        f"{counts[EQUIVALENT]} equivalent, {counts[DIFFERENT]} different, {counts[FAILED]} failed, "
+        f"{counts[IRREPRODUCIBLE]} irreproducible of {len(ordered)} presets in "
+        f"{seconds / 60:.1f} min; report: {out}",
         flush=True,
     )
-    return 0 if counts[EQUIVALENT] == len(ordered) else 1
+    return 0 if counts[EQUIVALENT] + counts[IRREPRODUCIBLE] == len(ordered) else 1
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -535,7 +583,8 @@ def file_verdicts(
     ordered: list[Outcome], zoo: dict[str, Preset]
 ) -> dict[str, tuple[str, list[str]]]:
     """Per algorithm file: (verdict, its presets compared). Equivalent only when every preset of
-    the zoo that runs the file was compared and found equivalent."""
+    the zoo that runs the file was compared and found equivalent; equivalent where reproducible
+    when the others are and the rest repeat themselves at neither version."""
     verdicts = {}
     for name in sorted({o.algo for o in ordered}):
         mine = [o for o in ordered if o.algo == name]
@@ -546,6 +595,10 @@ def file_verdicts(
             verdict = FAILED
         elif len(mine) < total:
             verdict = f"equivalent on {len(mine)} of its {total} presets"
+        elif all(o.verdict == IRREPRODUCIBLE for o in mine):
+            verdict = IRREPRODUCIBLE
+        elif any(o.verdict == IRREPRODUCIBLE for o in mine):
+            verdict = EQUIVALENT_WHERE_REPRODUCIBLE
         else:
             verdict = EQUIVALENT
         verdicts[f"{name}.py"] = (verdict, [o.preset for o in mine])
@@ -636,7 +689,7 @@ def render(
         more = f" (and {len(o.differences) - 1} more)" if len(o.differences) > 1 else ""
         lines.append(f"| {o.preset} | {o.verdict} | {_cell(o.detail)}{more} | {times} |")
     for o in ordered:
-        if o.verdict == DIFFERENT and len(o.differences) > 1:
+        if o.verdict in (DIFFERENT, IRREPRODUCIBLE) and len(o.differences) > 1:
             lines += ["", f"{o.preset}: the first differences", ""]
             lines += [f"- {_cell(d)}" for d in o.differences[:10]]
         if o.verdict == FAILED and o.log:
@@ -671,21 +724,25 @@ def proof(
     start: str | None, end: str | None, name: str, reports: list[tuple[str, dict[str, Any]]]
 ) -> tuple[str, list[str]]:
     """Whether the reports prove the file `name`'s version `start` (a git blob) behaves as
-    `end`: ("equivalent", the reports of a chain of equivalent versions from one to the other),
+    `end`: ("equivalent", the reports of a chain of equivalent versions from one to the other;
+    "equivalent where reproducible" when a report of the chain left irreproducible presets out),
     ("DIFFERENT", the report that compared these two versions and found them different) or
     ("not checked", [])."""
     if start is None or end is None:
         return "not checked", []
     edges: dict[str, list[tuple[str, str]]] = {}
+    partial: set[str] = set()  # reports that left a file's irreproducible presets out
     different = []
     for path, data in reports:
         f = data["files"].get(name) or {}
         a, b = f.get("before"), f.get("after")
         if not (a and b):
             continue
-        if f.get("verdict") == EQUIVALENT:
+        if f.get("verdict") in (EQUIVALENT, EQUIVALENT_WHERE_REPRODUCIBLE):
             edges.setdefault(a, []).append((b, path))
             edges.setdefault(b, []).append((a, path))
+            if f.get("verdict") == EQUIVALENT_WHERE_REPRODUCIBLE:
+                partial.add(path)
         elif f.get("verdict") == DIFFERENT and {a, b} == {start, end}:
             different.append(path)
     seen: dict[str, list[str]] = {start: []}
@@ -696,7 +753,9 @@ def proof(
                 seen[nxt] = [*seen[blob], path]
                 queue.append(nxt)
     if end in seen:
-        return EQUIVALENT, list(dict.fromkeys(seen[end]))
+        chain = list(dict.fromkeys(seen[end]))
+        verdict = EQUIVALENT_WHERE_REPRODUCIBLE if partial & set(chain) else EQUIVALENT
+        return verdict, chain
     if different:
         return DIFFERENT, different[-1:]
     return "not checked", []
@@ -722,6 +781,12 @@ def equivalence_line(
     if set(groups) == {"not checked"}:
         return head + "not checked"
     parts = [", ".join(f"`{n}`" for n, _ in groups[EQUIVALENT]) if EQUIVALENT in groups else "none"]
+    if EQUIVALENT_WHERE_REPRODUCIBLE in groups:
+        names = ", ".join(f"`{n}`" for n, _ in groups[EQUIVALENT_WHERE_REPRODUCIBLE])
+        parts.append(
+            f"{names} on every preset whose runs repeat themselves (the others race, at the "
+            "sweep's version too)"
+        )
     if DIFFERENT in groups:
         parts.append("found DIFFERENT: " + ", ".join(f"`{n}`" for n, _ in groups[DIFFERENT]))
     if "not checked" in groups:

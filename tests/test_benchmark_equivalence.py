@@ -90,6 +90,15 @@ CHANGES = {
         "args = p.parse_args()\n",
         'args = p.parse_args()\nsys.exit("crash.py: error: deliberate")\n',
     ),
+    "racing": lambda text: "# a comment that changes nothing\n" + text,
+}
+# The committed text of a file, where it is not FAKE: "racing" saves a weight that differs from
+# run to run at both versions, as runs whose processes race do.
+BASES = {
+    "racing": FAKE.replace(
+        "[1.0, 1.0, 1.0, 1.0]",
+        "[1.0, 1.0, 1.0, 1.0 + int.from_bytes(__import__('os').urandom(4), 'big')]",
+    )
 }
 
 
@@ -101,7 +110,7 @@ def compared(tmp_path_factory):
     root = tmp_path_factory.mktemp("equivalence")
     (root / "algos").mkdir()
     for name in CHANGES:
-        (root / "algos" / f"{name}.py").write_text(FAKE)
+        (root / "algos" / f"{name}.py").write_text(BASES.get(name, FAKE))
     (root / "zoo.toml").write_text("".join(preset_toml(f"{n}-fake", algo=n) for n in CHANGES))
     _, first = _repository(root)
     for name, change in CHANGES.items():
@@ -179,7 +188,7 @@ def test_the_report_names_the_commit_the_tree_the_commands_and_each_verdict(comp
     root, first, _, _, text = compared
     report = (root / "results" / f"equivalence-{first[:7]}.md").read_text()
     assert f"- commit: `{first}`" in report
-    assert "uncommitted changes to crash.py, same.py, scalar.py, tensor.py" in report
+    assert "uncommitted changes to crash.py, racing.py, same.py, scalar.py, tensor.py" in report
     assert "python -m benchmark equivalence --against HEAD --zoo zoo.toml" in report
     assert (
         "python algos/crash.py --env-id Fake-v0 --seed 1 --total-steps 100 --run-dir '<run-dir>' "
@@ -191,8 +200,9 @@ def test_the_report_names_the_commit_the_tree_the_commands_and_each_verdict(comp
         ["| tensor-fake", "DIFFERENT"],
         ["| scalar-fake", "DIFFERENT"],
         ["| crash-fake", "FAILED"],
+        ["| racing-fake", "IRREPRODUCIBLE"],
     ]
-    assert "1 equivalent, 2 different, 1 failed of 4 presets" in text
+    assert "1 equivalent, 2 different, 1 failed, 1 irreproducible of 5 presets" in text
     files = json.loads((root / "results" / f"equivalence-{first[:7]}.json").read_text())["files"]
     blob = _git(root, "rev-parse", f"{first}:algos/same.py")
     assert files["same.py"] | {"presets": None} == {
@@ -244,6 +254,10 @@ def test_equivalence_is_proved_through_a_chain_of_reports():
     assert proof("a", "d", "f.py", reports) == ("not checked", [])
     assert proof("c", "d", "f.py", [("r4", report("d", "c", "DIFFERENT"))]) == ("DIFFERENT", ["r4"])
     assert proof(None, "c", "f.py", reports) == ("not checked", [])
+    # a report that left a file's irreproducible presets out proves it only where runs repeat
+    partly = [("r1", report("a", "b")), ("r5", report("b", "e", "equivalent where reproducible"))]
+    assert proof("a", "e", "f.py", partly) == ("equivalent where reproducible", ["r1", "r5"])
+    assert proof("a", "b", "f.py", partly) == (EQUIVALENT, ["r1"])
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys):
@@ -310,3 +324,17 @@ def test_a_flag_only_the_working_tree_stores_is_noted_and_a_removed_one_is_a_dif
     assert result.differences == [
         'checkpoints/latest.pt["args"]["max_grad_norm"]: only in the commit\'s run'
     ]
+
+
+def test_a_preset_whose_runs_do_not_repeat_at_the_commit_gets_no_verdict(compared):
+    """A DIFFERENT preset is run twice more with the commit's file: where those runs differ too,
+    the difference says nothing of the change (IRREPRODUCIBLE, and its file gets no verdict);
+    where they agree (the changed tensor), DIFFERENT stands."""
+    root, _, code, lines, text = compared
+    assert lines["racing-fake"].startswith("IRREPRODUCIBLE racing-fake: the commit's own two runs")
+    assert '["net"]["w"]' in lines["racing-fake"]
+    assert lines["tensor-fake"].startswith("DIFFERENT"), text
+    assert "checking that the commit's runs repeat themselves" in text
+    record = json.loads(next((root / "results").glob("equivalence-*.json")).read_text())
+    assert record["files"]["racing.py"]["verdict"] == "IRREPRODUCIBLE"
+    assert record["files"]["tensor.py"]["verdict"] == "DIFFERENT"
