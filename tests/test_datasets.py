@@ -183,9 +183,9 @@ def load_algo(name: str):
 
 
 def save_with_harness(module, path: Path, args, step: int, state: dict) -> None:
-    """A checkpoint as the file's own run harness writes one (RunLogger.save), without a run."""
-    logger = SimpleNamespace(args=args, checkpoint=path, stop_if_bad=lambda: None)
-    module.RunLogger.save(logger, step, state)
+    """A checkpoint as the file's own run harness writes one (Run.save), without a run."""
+    run = SimpleNamespace(args=args, checkpoint=path, stop_if_bad=lambda: None, state=lambda: state)
+    module.Run.save(run, step)
 
 
 def returns_of(folder: Path) -> list[float]:
