@@ -270,8 +270,10 @@ def categorical_projection(R, discount, p_next, z) -> torch.Tensor:
     Tz = (R[:, None] + discount[:, None] * z[None, :]).clamp(z[0], z[-1])  # [B, N_j]
     b = (Tz - z[0]) / (z[1] - z[0])  # [B, N_j]: Tz_j's position in units of dz
     i = torch.arange(len(z), device=z.device, dtype=z.dtype)  # [N_i]
-    distance = (b[:, None, :] - i[None, :, None]).abs()  # [B, N_i, N_j]: |b_j - i|
-    kernel = (1 - distance).clamp(min=0)  # [B, N_i, N_j]: the share of p'_j that goes to z_i
+    distance = (b[:, None, :] - i[None, :, None]).abs_()  # [B, N_i, N_j]: |b_j - i|
+    # [B, N_i, N_j]: 1 - |b_j - i| floored at 0, the share of p'_j that goes to z_i. In place:
+    # this is the update's largest tensor, and two more copies of it cost d4pg 15% of its speed.
+    kernel = distance.neg_().add_(1).clamp_(min=0)
     projected = torch.bmm(kernel, p_next[:, :, None])  # [B, N_i, 1] = sum_j kernel_ij p'_j
     return projected.squeeze(-1)  # [B, N_i]
 
