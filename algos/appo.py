@@ -137,6 +137,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
+    """APPO's flags: the common ones first, then the algorithm's (details and deviations above)."""
+
     env_id: str = "CartPole-v1"
     """Gymnasium id (Discrete actions, flat observations)"""
     seed: int = 1

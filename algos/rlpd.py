@@ -115,6 +115,8 @@ ACTION_LIMIT = 1.0 - 1e-5
 
 @dataclass
 class Args:
+    """RLPD's flags: the common ones first, then the algorithm's (details and deviations above)."""
+
     env_id: str = "Pendulum-v1"
     """Gymnasium id (Box actions, flat Box observations)"""
     seed: int = 1
