@@ -137,7 +137,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    """APPO's flags: the common ones first, then the algorithm's (details and deviations above)."""
+    """APPO's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of appo.py gives the reasons for their defaults."""
 
     env_id: str = "CartPole-v1"
     """Gymnasium id (Discrete actions, flat observations)"""

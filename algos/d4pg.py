@@ -119,7 +119,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    """D4PG's flags: the common ones first, then the algorithm's (details and deviations above)."""
+    """D4PG's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of d4pg.py gives the reasons for their defaults."""
 
     env_id: str = "Pendulum-v1"
     """Gymnasium id with Box actions and flat Box observations"""

@@ -105,7 +105,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    """DQN's flags: the common ones first, then the algorithm's (CleanRL's defaults)."""
+    """DQN's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of dqn_atari.py gives the reasons for their defaults."""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """<Game>NoFrameskip-v4 or ALE/<Game>-v5"""

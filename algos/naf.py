@@ -115,7 +115,8 @@ OU_THETA = 0.15
 
 @dataclass
 class Args:
-    """NAF's flags: the common ones first, then the algorithm's (details and deviations above)."""
+    """NAF's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of naf.py gives the reasons for their defaults."""
 
     env_id: str = "Pendulum-v1"
     """Gymnasium id (Box actions, flat Box observations)"""

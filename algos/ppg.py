@@ -109,7 +109,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    """The command line (tyro): each field is a flag (env_id: --env-id), its docstring the help."""
+    """PPG's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of ppg.py gives the reasons for their defaults."""
 
     env_id: str = "CartPole-v1"
     """Gymnasium id: discrete actions, flat observations"""

@@ -103,7 +103,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    """PPO on Atari; every field is a command-line flag (tyro), its docstring the flag's help."""
+    """PPO's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of ppo_atari.py gives the reasons for their defaults."""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """<Game>NoFrameskip-v4, or ALE/<Game>-v5 (sticky actions)"""

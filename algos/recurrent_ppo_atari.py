@@ -132,7 +132,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
-    """The command line (tyro): `python recurrent_ppo_atari.py --help` lists these fields."""
+    """Recurrent PPO's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of recurrent_ppo_atari.py gives the reasons for their defaults."""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """`<Game>NoFrameskip-v4` or `ALE/<Game>-v5` (sticky actions)"""

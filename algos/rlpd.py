@@ -115,7 +115,8 @@ ACTION_LIMIT = 1.0 - 1e-5
 
 @dataclass
 class Args:
-    """RLPD's flags: the common ones first, then the algorithm's (details and deviations above)."""
+    """RLPD's flags (tyro): the common ones first, then the algorithm's; the module
+    docstring at the top of rlpd.py gives the reasons for their defaults."""
 
     env_id: str = "Pendulum-v1"
     """Gymnasium id (Box actions, flat Box observations)"""
