@@ -383,11 +383,7 @@ def _run_pairs(
             report(Outcome(preset.name, preset.algo, FAILED, unbuilt[preset.name]))
             continue
         for side in sides:
-            mine = replace(preset, script=side.folder / preset.script.name)
-            (job,) = plan_jobs(
-                [mine], "smoke", root / _slug(side), timeout_scale=options.timeout_scale
-            )
-            job = replace(job, args={**job.args, **FORCED_ARGS})
+            job = _job(preset, side, root, options.timeout_scale)
             jobs[tuple(job.command())] = (preset, side, job)
     records: dict[str, dict[str, dict[str, Any]]] = {}
     lock = threading.Lock()
@@ -418,15 +414,27 @@ def _recheck_the_commit(
     outcomes: dict[str, Outcome],
     lock: threading.Lock,
 ) -> None:
-    """Run each DIFFERENT preset twice more with the commit's own file: where those two runs
-    differ from each other too, the preset does not repeat itself and its difference says
-    nothing of the change (IRREPRODUCIBLE); where they agree, DIFFERENT stands."""
+    """Run each DIFFERENT preset twice more with the commit's own file: where the commit's three
+    runs are not all the same, the preset does not repeat itself and its difference says nothing
+    of the change (IRREPRODUCIBLE); where they agree, DIFFERENT stands."""
     print(
         f"checking that the commit's runs repeat themselves: {', '.join(p.name for p in presets)}",
         flush=True,
     )
 
+    recheck = root / "reproducibility"
+
     def report(check: Outcome) -> None:
+        if check.verdict == EQUIVALENT:  # the two new runs agree: does the first one too?
+            preset = next(p for p in presets if p.name == check.preset)
+            first = _run_dir(preset, commit, root, options.timeout_scale)
+            again = _run_dir(preset, commit, recheck, options.timeout_scale)
+            differences = compare_runs(first, again).differences
+            if not differences:
+                return
+            check = replace(
+                check, verdict=DIFFERENT, detail=differences[0], differences=differences
+            )
         if check.verdict != DIFFERENT:
             return
         with lock:
@@ -438,7 +446,19 @@ def _recheck_the_commit(
             print(outcomes[check.preset].line(), flush=True)
 
     sides = [commit, Side("commit again", commit.folder)]
-    _run_pairs(presets, sides, root / "reproducibility", algos_dir, options, report)
+    _run_pairs(presets, sides, recheck, algos_dir, options, report)
+
+
+def _job(preset: Preset, side: Side, root: Path, timeout_scale: float) -> Job:
+    """The smoke run of `preset` with `side`'s file, in its folder under `root`."""
+    mine = replace(preset, script=side.folder / preset.script.name)
+    (job,) = plan_jobs([mine], "smoke", root / _slug(side), timeout_scale=timeout_scale)
+    return replace(job, args={**job.args, **FORCED_ARGS})
+
+
+def _run_dir(preset: Preset, side: Side, root: Path, timeout_scale: float) -> Path:
+    """Where `_job` runs."""
+    return _job(preset, side, root, timeout_scale).run_dir
 
 
 def _slug(side: Side) -> str:
