@@ -301,7 +301,10 @@ def _objective(search: Search, trial: optuna.Trial) -> float:
         trial.set_user_attr("reason", "interrupted")
         trial.set_user_attr("interrupted", 1)
         raise
-    failed = [r for r in records if r["status"] != "ok"]
+    # in the runs' order (preset, then seed), not the order they happened to end in
+    failed = sorted(
+        (r for r in records if r["status"] != "ok"), key=lambda r: (r["preset"], r["seed"])
+    )
     if failed:
         reason = "; ".join(f"{r['preset']} seed{r['seed']}: {r['reason']}" for r in failed)
         trial.set_user_attr("reason", reason)
