@@ -256,7 +256,8 @@ class LifeProtocol:
 
     def __init__(self, envs, baselines: bool):
         """Wrap `envs` (make_envs' AtariVectorEnv); `baselines`: a lost life is terminal."""
-        self.vec, self.baselines = envs, baselines
+        self.vec = envs
+        self.baselines = baselines
 
     def reset(self, seed: int) -> np.ndarray:
         """Start every game (sub-env i with seed + i); the first observations."""

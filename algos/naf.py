@@ -326,7 +326,9 @@ def naf_loss(nets, target_nets, batch, gamma, floor=0.0, penalty=0.0, sigma=0.0)
             V_next = torch.minimum(V_next, target_nets[1].value(batch["next_obs"], sigma, floor))
         y = td_target(batch["rewards"], batch["terminated"], V_next, gamma)  # [B]
 
-    losses, tds, qs = [], [], []
+    losses = []  # per network: TD error (+ deviation g's penalty)
+    tds = []
+    qs = []
     for net in nets:  # the paper's single network; with deviation h each twin is fitted to y
         V, mu, L, pre_tanh = net(obs)
         q = q_value(V, mu, L, actions, floor)  # Q(x, u) [B]

@@ -377,7 +377,8 @@ class Agent(nn.Module):
         # before each such t: starts at t = 3 and 6 of L = 10 give [0, 3), [3, 6), [6, 10).
         cuts = (any_start[1:].nonzero()[:, 0] + 1).tolist() if len(x) > 1 else []
         bounds = [0, *cuts, len(x)]
-        (h, c), outputs = state, []
+        h, c = state
+        outputs = []
         for t0, t1 in zip(bounds[:-1], bounds[1:]):
             # no episode starts in (t0, t1): zero the memory of the sequences starting at t0 only
             keep = (1.0 - starts[t0])[None, :, None]  # (1, B, 1)
@@ -388,7 +389,8 @@ class Agent(nn.Module):
     def memory_per_step(self, x, state, starts):
         """The reference for memory(): CleanRL's get_states, one LSTM step at a time with the
         state multiplied by 1 - start_t (L calls). Tested equal; not used in training."""
-        (h, c), outputs = state, []
+        h, c = state
+        outputs = []
         for x_t, start_t in zip(x, starts):
             keep = (1.0 - start_t)[None, :, None]  # (1, B, 1)
             out, (h, c) = self.lstm(x_t[None], (h * keep, c * keep))  # out: (1, B, H)
@@ -513,7 +515,8 @@ class Rollout:
         """(T, N, ...) -> (L, K, ...), K = N T / L: sequence k = j N + n is env n's chunk j,
         steps j L .. j L + L - 1. E.g. T = 6, N = 2, L = 3: sequence 3 (j = 1, n = 1) holds env
         1's steps 3, 4, 5, and x[4, 1] is its [1, 3]."""
-        (T, N), L = x.shape[:2], self.seq_len
+        T, N = x.shape[:2]
+        L = self.seq_len
         chunks = x.reshape(T // L, L, N, *x.shape[2:])  # [j, l, n] = x[j L + l, n]
         steps_first = chunks.transpose(0, 1)  # (L, T / L, N, ...): [l, j, n]
         return steps_first.reshape(L, -1, *x.shape[2:])  # [l, j N + n] = x[j L + l, n]
