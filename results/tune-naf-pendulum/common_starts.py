@@ -61,30 +61,41 @@ def main() -> None:
     """Score every run of the chosen groups and print a markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs/benchmark/tune-naf-pendulum")
-    parser.add_argument("--groups", nargs="+", default=["validation/defaults"],
-                        help="folders under --runs-dir holding naf-pendulum/seed*/")
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        default=["validation/defaults"],
+        help="folders under --runs-dir holding naf-pendulum/seed*/",
+    )
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--start-seed", type=int, default=500_000)
     parser.add_argument("--json", type=Path, help="also write the per-run scores here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     naf = load_naf()
-    print(f"{args.episodes} common start states (reset seeds {args.start_seed}.."
-          f"{args.start_seed + args.episodes - 1})\n")
+    print(
+        f"{args.episodes} common start states (reset seeds {args.start_seed}.."
+        f"{args.start_seed + args.episodes - 1})\n"
+    )
     print("| runs | seeds | own evaluation: IQM (per seed) | common start states: IQM (per seed) |")
     print("|---|---|---|---|")
     table = {}
     for group in args.groups:
-        seeds = sorted((args.runs_dir / group / "naf-pendulum").glob("seed*"),
-                       key=lambda p: int(p.name[4:]))
-        scores = {p.name: score(naf, p / "checkpoints/latest.pt", args.episodes, args.start_seed)
-                  for p in seeds}
+        seeds = sorted(
+            (args.runs_dir / group / "naf-pendulum").glob("seed*"), key=lambda p: int(p.name[4:])
+        )
+        scores = {
+            p.name: score(naf, p / "checkpoints/latest.pt", args.episodes, args.start_seed)
+            for p in seeds
+        }
         table[group] = scores
         common = [c for c, _ in scores.values()]
         own = [o for _, o in scores.values()]
         names = ", ".join(p.name[4:] for p in seeds)
-        print(f"| {group} | {names} | {iqm(own):.1f} ({', '.join(f'{o:.0f}' for o in own)}) "
-              f"| {iqm(common):.1f} ({', '.join(f'{c:.0f}' for c in common)}) |")
+        print(
+            f"| {group} | {names} | {iqm(own):.1f} ({', '.join(f'{o:.0f}' for o in own)}) "
+            f"| {iqm(common):.1f} ({', '.join(f'{c:.0f}' for c in common)}) |"
+        )
     if args.json:
         args.json.write_text(json.dumps(table, indent=1) + "\n")
 
