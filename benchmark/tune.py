@@ -155,6 +155,9 @@ def run_tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per study opened
     url = args.study_storage or relative(study.folder / "study.journal")
     opened = open_study(study, open_storage(url), url)
+    # recorded before any trial runs, so that an invocation stopped midway is reported too
+    commands = list(dict.fromkeys(opened.user_attrs.get("commands", []) + [command]))
+    opened.set_user_attr("commands", commands)
     fail_lost_trials(opened)
     search = Search(
         study,
@@ -200,11 +203,9 @@ def run_tune(
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    commands = opened.user_attrs.get("commands", []) + [command]
-    opened.set_user_attr("commands", list(dict.fromkeys(commands)))
     out = args.results_dir / f"tune-{name}"
     options = {
-        "commands": list(dict.fromkeys(commands)),
+        "commands": commands,
         "sampler": _sampler_text(args),
         "pruner": _pruner_text(args, study),
         "storage": shown(url),

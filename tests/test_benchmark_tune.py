@@ -143,7 +143,7 @@ def test_two_worker_processes_share_one_study(tmp_path: Path, zoo):
 def test_a_study_stopped_by_sigterm_resumes(tmp_path: Path, zoo):
     args = zoo(tune_preset("score = { low = 0, high = 200 }", args="delay = 0.1"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmark", *tune(args, "r", "--trials", "2", "--top-k", "0")],
+        [sys.executable, "-m", "benchmark", *tune(args, "r", "--trials", "3", "--top-k", "0")],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -165,6 +165,9 @@ def test_a_study_stopped_by_sigterm_resumes(tmp_path: Path, zoo):
     # The interrupted trial stays on record and does not count: two others make the study.
     assert [r["state"] for r in rows] == ["complete", "interrupted", "complete"]
     assert rows[1]["reason"] == "interrupted" and time.monotonic() - started < 60
+    # The report names both invocations, the one SIGTERM stopped included.
+    report = (tmp_path / "results/tune-r/report.md").read_text()
+    assert "--trials 3 --top-k 0`" in report and "--trials 2 --top-k 0`" in report, report[:800]
 
 
 def test_presets_tuned_together_are_scored_on_normalised_scores(tmp_path: Path, zoo):
