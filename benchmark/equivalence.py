@@ -439,7 +439,7 @@ def _recheck_the_commit(
             return
         with lock:
             first = outcomes[check.preset]
-            detail = f"the commit's own two runs differ too: {check.detail}"
+            detail = f"the commit's own runs differ too: {check.detail}"
             outcomes[check.preset] = Outcome(
                 first.preset, first.algo, IRREPRODUCIBLE, detail, check.differences, first.wall_s
             )

@@ -91,14 +91,23 @@ CHANGES = {
         'args = p.parse_args()\nsys.exit("crash.py: error: deliberate")\n',
     ),
     "racing": lambda text: "# a comment that changes nothing\n" + text,
+    "flaky": lambda text: text.replace("else 1.0)", "else 1.5)"),
 }
 # The committed text of a file, where it is not FAKE: "racing" saves a weight that differs from
-# run to run at both versions, as runs whose processes race do.
+# run to run at both versions, as runs whose processes race do; "flaky" one that differs between
+# a copy's first run and the later ones.
 BASES = {
     "racing": FAKE.replace(
         "[1.0, 1.0, 1.0, 1.0]",
         "[1.0, 1.0, 1.0, 1.0 + int.from_bytes(__import__('os').urandom(4), 'big')]",
-    )
+    ),
+    # "flaky": the first run of a copy of the file differs from every later one, which agree
+    # with each other: the commit's two rechecks agree, but not with its first run.
+    "flaky": FAKE.replace(
+        "[1.0, 1.0, 1.0, 1.0]",
+        "[1.0, 1.0, 1.0, (lambda ran: 2.0 if ran.exists() or ran.touch() else 1.0)"
+        "(__import__('pathlib').Path(__file__ + '.ran'))]",
+    ),
 }
 
 
@@ -188,7 +197,10 @@ def test_the_report_names_the_commit_the_tree_the_commands_and_each_verdict(comp
     root, first, _, _, text = compared
     report = (root / "results" / f"equivalence-{first[:7]}.md").read_text()
     assert f"- commit: `{first}`" in report
-    assert "uncommitted changes to crash.py, racing.py, same.py, scalar.py, tensor.py" in report
+    assert (
+        "uncommitted changes to crash.py, flaky.py, racing.py, same.py, scalar.py, tensor.py"
+        in (report)
+    )
     assert "python -m benchmark equivalence --against HEAD --zoo zoo.toml" in report
     assert (
         "python algos/crash.py --env-id Fake-v0 --seed 1 --total-steps 100 --run-dir '<run-dir>' "
@@ -201,8 +213,9 @@ def test_the_report_names_the_commit_the_tree_the_commands_and_each_verdict(comp
         ["| scalar-fake", "DIFFERENT"],
         ["| crash-fake", "FAILED"],
         ["| racing-fake", "IRREPRODUCIBLE"],
+        ["| flaky-fake", "IRREPRODUCIBLE"],
     ]
-    assert "1 equivalent, 2 different, 1 failed, 1 irreproducible of 5 presets" in text
+    assert "1 equivalent, 2 different, 1 failed, 2 irreproducible of 6 presets" in text
     files = json.loads((root / "results" / f"equivalence-{first[:7]}.json").read_text())["files"]
     blob = _git(root, "rev-parse", f"{first}:algos/same.py")
     assert files["same.py"] | {"presets": None} == {
@@ -331,8 +344,11 @@ def test_a_preset_whose_runs_do_not_repeat_at_the_commit_gets_no_verdict(compare
     the difference says nothing of the change (IRREPRODUCIBLE, and its file gets no verdict);
     where they agree (the changed tensor), DIFFERENT stands."""
     root, _, code, lines, text = compared
-    assert lines["racing-fake"].startswith("IRREPRODUCIBLE racing-fake: the commit's own two runs")
+    assert lines["racing-fake"].startswith("IRREPRODUCIBLE racing-fake: the commit's own runs")
     assert '["net"]["w"]' in lines["racing-fake"]
+    # The two rechecks agree with each other but not with the commit's first run: no verdict.
+    assert lines["flaky-fake"].startswith("IRREPRODUCIBLE flaky-fake: the commit's own runs"), text
+    assert '["net"]["w"]' in lines["flaky-fake"]
     assert lines["tensor-fake"].startswith("DIFFERENT"), text
     assert "checking that the commit's runs repeat themselves" in text
     record = json.loads(next((root / "results").glob("equivalence-*.json")).read_text())
